@@ -1,0 +1,107 @@
+"""`muralist`: one command line for the API, the operator and the local runtime.
+
+Each subcommand imports its implementation lazily, so `muralist validate` works in the
+operator image (no torch) and `muralist run` works without kopf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from muralist_operator.manifests import validate_files
+
+    return validate_files(args.files)
+
+
+def _crd(args: argparse.Namespace) -> int:
+    import yaml
+
+    from muralist_operator.crd import build_crd
+
+    sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False, width=100))
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from muralist_operator.manifests import render_files
+
+    return render_files(args.files, namespace=args.namespace, image=args.image)
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from muralist_operator.main import run_operator
+
+    return run_operator(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from muralist_runtime.local import run_local
+
+    return run_local(args)
+
+
+def _tiny_pipeline(args: argparse.Namespace) -> int:
+    from muralist_runtime.tiny import build_tiny_pipeline
+
+    path = build_tiny_pipeline(args.directory)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="muralist",
+        description="Parallel diffusion image generation on Kubernetes (and on one machine).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("validate", _validate, "Validate DiffusionJob manifests (multi-document YAML; '-' reads stdin).")
+    p.add_argument("files", nargs="+", metavar="FILE")
+
+    command("crd", _crd, "Print the DiffusionJob CustomResourceDefinition generated from the API models.")
+
+    p = command("render", _render, "Print the objects the operator creates for a DiffusionJob, as YAML.")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--namespace", "-n", default=None, help="Namespace (default: the manifest's, or 'default').")
+    p.add_argument("--image", default=None, help="Default runtime image (operator setting).")
+
+    p = command("operator", _operator, "Run the operator (kopf) against the current kubeconfig or in-cluster config.")
+    p.add_argument("--namespace", "-n", action="append", default=[], help="Watch this namespace (repeatable); default all.")
+    p.add_argument("--all-namespaces", "-A", action="store_true", help="Watch all namespaces (the default).")
+    p.add_argument("--runtime-image", default=None, help="Default runtime image (or MURALIST_RUNTIME_IMAGE).")
+    p.add_argument("--health-port", type=int, default=8080, help="Liveness/readiness endpoint port (0: off).")
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off).")
+    p.add_argument("--peering", default=None, help="kopf peering name, for several replicas (leader election).")
+    p.add_argument("--log-format", choices=["plain", "json"], default="plain")
+    p.add_argument("--verbose", "-v", action="store_true")
+
+    p = command("run", _run, "Run a DiffusionJob manifest on this machine, without a cluster.")
+    p.add_argument("manifest", metavar="JOB.yaml")
+    p.add_argument("--output", "-o", default=None, help="Output directory (default ./muralist-output/<output.path>).")
+    p.add_argument("--model", default=None, help="Load the model from this local directory instead of spec.model.name.")
+    p.add_argument("--prompts-file", default=None, help="A file with one prompt per line, standing in for promptsFrom.")
+
+    p = command("tiny-pipeline", _tiny_pipeline, "Build a tiny random-weight Flux pipeline offline into DIRECTORY.")
+    p.add_argument("directory", metavar="DIR")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Muralist's Kubernetes operator: DiffusionJob -> headless Service, spec ConfigMap, Indexed Job."""
