@@ -19,7 +19,6 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _crd(args: argparse.Namespace) -> int:
     import yaml
-
     from muralist_operator.crd import build_crd
 
     sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False, width=100))
@@ -75,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", default=None, help="Default runtime image (operator setting).")
 
     p = command("operator", _operator, "Run the operator (kopf) against the current kubeconfig or in-cluster config.")
-    p.add_argument("--namespace", "-n", action="append", default=[], help="Watch this namespace (repeatable); default all.")
+    p.add_argument(
+        "--namespace", "-n", action="append", default=[], help="Watch this namespace (repeatable); default all."
+    )
     p.add_argument("--all-namespaces", "-A", action="store_true", help="Watch all namespaces (the default).")
     p.add_argument("--runtime-image", default=None, help="Default runtime image (or MURALIST_RUNTIME_IMAGE).")
     p.add_argument("--health-port", type=int, default=8080, help="Liveness/readiness endpoint port (0: off).")

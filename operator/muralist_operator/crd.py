@@ -12,9 +12,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pydantic import BaseModel
-from pydantic.json_schema import GenerateJsonSchema, NoDefault
-
 from muralist_runtime.spec import (
     DNS_LABEL_MAX,
     GROUP,
@@ -26,6 +23,8 @@ from muralist_runtime.spec import (
     DiffusionJobSpec,
     DiffusionJobStatus,
 )
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, NoDefault
 
 # Processes per pod as the models resolve it (Parallelism.resolved_processes_per_node).
 _PPN = (
@@ -35,8 +34,9 @@ _PPN = (
 _CP_DEGREE = "(self.contextParallel.ringDegree * self.contextParallel.ulyssesDegree)"
 
 
-def _rule(rule: str, message: str, *, message_expression: str | None = None,
-          reason: str | None = None) -> dict[str, Any]:
+def _rule(
+    rule: str, message: str, *, message_expression: str | None = None, reason: str | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"rule": rule, "message": message}
     if message_expression:
         out["messageExpression"] = message_expression
@@ -48,8 +48,7 @@ def _rule(rule: str, message: str, *, message_expression: str | None = None,
 def _immutable(field: str) -> dict[str, Any]:
     return _rule(
         "self == oldSelf",
-        f"spec.{field} cannot change after creation; create a new DiffusionJob "
-        "(runPolicy fields can change)",
+        f"spec.{field} cannot change after creation; create a new DiffusionJob (runPolicy fields can change)",
     )
 
 
@@ -74,8 +73,7 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
             "spec.prompts: no prompts; add at least one to prompts or set promptsFrom",
         ),
         _rule(
-            "!(self.parallelism.strategy in ['ContextParallel', 'TensorParallel']) "
-            "|| self.generation.batchSize == 1",
+            "!(self.parallelism.strategy in ['ContextParallel', 'TensorParallel']) || self.generation.batchSize == 1",
             "spec.generation.batchSize: a ContextParallel or TensorParallel group renders one "
             "image at a time; set batchSize: 1",
         ),
@@ -84,10 +82,20 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
             "spec.promptsFrom cannot be added or removed after creation; create a new DiffusionJob",
         ),
     ],
-    **{f"spec.{f}": [_immutable(f)] for f in (
-        "model", "prompts", "promptsFrom", "generation", "parallelism", "output", "image",
-        "resources", "podTemplate",
-    )},
+    **{
+        f"spec.{f}": [_immutable(f)]
+        for f in (
+            "model",
+            "prompts",
+            "promptsFrom",
+            "generation",
+            "parallelism",
+            "output",
+            "image",
+            "resources",
+            "podTemplate",
+        )
+    },
     "spec.parallelism": [
         _rule(
             "!(has(self.contextParallel) && has(self.tensorParallel))",
@@ -106,8 +114,7 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
         ),
         _rule(
             "!has(self.deviceMap) || self.strategy == 'DeviceMap'",
-            "spec.parallelism.deviceMap is only used by strategy DeviceMap; remove it or set "
-            "strategy: DeviceMap",
+            "spec.parallelism.deviceMap is only used by strategy DeviceMap; remove it or set strategy: DeviceMap",
         ),
         _rule(
             "self.strategy != 'DeviceMap' || !has(self.processesPerNode) || self.processesPerNode == 1",
@@ -121,14 +128,12 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
             "gpusPerNode or leave it out",
         ),
         _rule(
-            "self.strategy != 'ContextParallel' || (has(self.contextParallel) "
-            f"&& {_CP_DEGREE} >= 2)",
+            f"self.strategy != 'ContextParallel' || (has(self.contextParallel) && {_CP_DEGREE} >= 2)",
             "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must be 2 or more "
             "(1 is plain data parallelism); set ulyssesDegree or ringDegree",
         ),
         _rule(
-            "self.strategy != 'ContextParallel' || !has(self.contextParallel) "
-            f"|| {_PPN} % {_CP_DEGREE} == 0",
+            f"self.strategy != 'ContextParallel' || !has(self.contextParallel) || {_PPN} % {_CP_DEGREE} == 0",
             "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must divide "
             "processesPerNode (a group stays inside one pod)",
             message_expression=(
@@ -140,8 +145,7 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
         _rule(
             "self.strategy != 'TensorParallel' || "
             f"{_PPN} % (has(self.tensorParallel) ? self.tensorParallel.degree : 2) == 0",
-            "spec.parallelism.tensorParallel.degree must divide processesPerNode (a group stays "
-            "inside one pod)",
+            "spec.parallelism.tensorParallel.degree must divide processesPerNode (a group stays inside one pod)",
         ),
         _rule(
             "self.strategy != 'TensorParallel' || self.gpusPerNode > 0",
@@ -178,14 +182,22 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary",
-     "description": "Images completed / total"},
+    {
+        "name": "Progress",
+        "type": "string",
+        "jsonPath": ".status.progress.summary",
+        "description": "Images completed / total",
+    },
     {"name": "Strategy", "type": "string", "jsonPath": ".spec.parallelism.strategy"},
-    {"name": "World", "type": "integer", "jsonPath": ".status.worldSize",
-     "description": "nodes x processesPerNode"},
+    {"name": "World", "type": "integer", "jsonPath": ".status.worldSize", "description": "nodes x processesPerNode"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
-    {"name": "DP", "type": "integer", "jsonPath": ".status.dataParallelDegree", "priority": 1,
-     "description": "Data-parallel degree"},
+    {
+        "name": "DP",
+        "type": "integer",
+        "jsonPath": ".status.dataParallelDegree",
+        "priority": 1,
+        "description": "Data-parallel degree",
+    },
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import yaml
+from muralist_runtime.spec import API_VERSION, KIND, DiffusionJob, ValidationProblem, parse_job
 
 from muralist_operator.render import OperatorSettings, RenderError, render_children
-from muralist_runtime.spec import API_VERSION, KIND, DiffusionJob, ValidationProblem, parse_job
 
 
 @dataclass
@@ -43,7 +43,7 @@ def _read(source: str, stdin: TextIO) -> str:
         raise ManifestError(f"{source}: cannot read: {e.strerror}") from None
 
 
-def load_documents(source: str, stdin: TextIO = sys.stdin) -> list[Document]:
+def load_documents(source: str, stdin: TextIO) -> list[Document]:
     text = _read(source, stdin)
     try:
         bodies = [b for b in yaml.safe_load_all(text) if b is not None]
@@ -55,19 +55,23 @@ def load_documents(source: str, stdin: TextIO = sys.stdin) -> list[Document]:
     return [Document(source, i, body) for i, body in enumerate(bodies)]
 
 
-def diffusion_job_documents(source: str, stdin: TextIO = sys.stdin) -> list[Document]:
+def diffusion_job_documents(source: str, stdin: TextIO) -> list[Document]:
     """The DiffusionJob documents of a file. Other kinds beside one (the ConfigMap of its
     prompts, say) are left alone; a file with no DiffusionJob at all is an error."""
     docs = load_documents(source, stdin)
     jobs = [d for d in docs if isinstance(d.body, dict) and d.body.get("kind") == KIND]
     if not jobs:
-        kinds = ", ".join(
-            f"{d.body.get('apiVersion')}/{d.body.get('kind')}" if isinstance(d.body, dict)
-            else type(d.body).__name__ for d in docs
-        ) or "nothing"
+        kinds = (
+            ", ".join(
+                f"{d.body.get('apiVersion')}/{d.body.get('kind')}"
+                if isinstance(d.body, dict)
+                else type(d.body).__name__
+                for d in docs
+            )
+            or "nothing"
+        )
         raise ManifestError(
-            f"{source}: no DiffusionJob found (got {kinds}); expected apiVersion: {API_VERSION}, "
-            f"kind: {KIND}"
+            f"{source}: no DiffusionJob found (got {kinds}); expected apiVersion: {API_VERSION}, kind: {KIND}"
         )
     return jobs
 
@@ -83,9 +87,13 @@ def check(job: DiffusionJob, settings: OperatorSettings) -> None:
 def summary_line(job: DiffusionJob) -> str:
     par = job.spec.parallelism
     total = job.total_images
-    images = f"{total} images" if total is not None else (
-        f"{job.spec.generation.images_per_prompt} per prompt from "
-        f"configmap/{job.spec.prompts_from.config_map_key_ref.name}"  # type: ignore[union-attr]
+    images = (
+        f"{total} images"
+        if total is not None
+        else (
+            f"{job.spec.generation.images_per_prompt} per prompt from "
+            f"configmap/{job.spec.prompts_from.config_map_key_ref.name}"  # type: ignore[union-attr]
+        )
     )
     return (
         f"{job.metadata.name}: valid ({par.strategy}, world size {par.world_size}, "
@@ -122,23 +130,22 @@ class Reader:
             self.err.write(problem + "\n")
 
 
-def validate_files(files: list[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-                   stdin: TextIO = sys.stdin) -> int:
-    reader = Reader(OperatorSettings(), err, stdin)
+def validate_files(files: list[str]) -> int:
+    """Print one line per valid job to stdout and every problem to stderr; 1 if any."""
+    reader = Reader(OperatorSettings(), sys.stderr, sys.stdin)
     for job in reader.jobs(files):
-        out.write(summary_line(job) + "\n")
+        sys.stdout.write(summary_line(job) + "\n")
     return 1 if reader.failed else 0
 
 
-def render_files(files: list[str], namespace: str | None = None, image: str | None = None,
-                 out: TextIO = sys.stdout, err: TextIO = sys.stderr, stdin: TextIO = sys.stdin) -> int:
+def render_files(files: list[str], namespace: str | None = None, image: str | None = None) -> int:
     settings = OperatorSettings(runtime_image=image) if image else OperatorSettings()
-    reader = Reader(settings, err, stdin)
+    reader = Reader(settings, sys.stderr, sys.stdin)
     objects: list[dict[str, Any]] = []
     for job in reader.jobs(files):
         ns = namespace or job.metadata.namespace or "default"
         objects.extend(render_children(job, ns, settings).all())
     if reader.failed:
         return 1
-    out.write(yaml.safe_dump_all(objects, sort_keys=False, width=100))
+    sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False, width=100))
     return 0

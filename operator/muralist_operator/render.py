@@ -76,8 +76,15 @@ class Children:
     job: dict[str, Any]
 
     def all(self) -> list[dict[str, Any]]:
-        objs = [self.service, self.spec_config_map, self.progress_config_map,
-                self.service_account, self.role, self.role_binding, self.job]
+        objs = [
+            self.service,
+            self.spec_config_map,
+            self.progress_config_map,
+            self.service_account,
+            self.role,
+            self.role_binding,
+            self.job,
+        ]
         return [o for o in objs if o is not None]
 
 
@@ -116,8 +123,14 @@ def render_service(job: DiffusionJob, namespace: str, settings: OperatorSettings
             # Rank 0 must be resolvable before it is Ready: torchrun waits for the others first.
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: job.metadata.name},
-            "ports": [{"name": "rendezvous", "port": settings.master_port,
-                       "targetPort": settings.master_port, "protocol": "TCP"}],
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": settings.master_port,
+                    "targetPort": settings.master_port,
+                    "protocol": "TCP",
+                }
+            ],
         },
     }
 
@@ -174,19 +187,20 @@ def render_rbac(job: DiffusionJob, namespace: str) -> tuple[dict[str, Any] | Non
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _meta(job, runtime_account_name(name), namespace, "runtime"),
-        "rules": [{
-            "apiGroups": [""],
-            "resources": ["configmaps"],
-            "resourceNames": [progress_config_map_name(name)],
-            "verbs": ["get", "patch"],
-        }],
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [progress_config_map_name(name)],
+                "verbs": ["get", "patch"],
+            }
+        ],
     }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": _meta(job, runtime_account_name(name), namespace, "runtime"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                    "name": runtime_account_name(name)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": runtime_account_name(name)},
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
     }
     return service_account, role, binding
@@ -198,13 +212,20 @@ def launcher_command(job: DiffusionJob, settings: OperatorSettings) -> list[str]
     par = job.spec.parallelism
     if par.launcher == "accelerate":
         cmd = [
-            "accelerate", "launch",
-            "--num_machines", str(par.nodes),
-            "--num_processes", str(par.world_size),
-            "--machine_rank", f"$({ENV_NODE_RANK})",
-            "--main_process_ip", f"$({ENV_MASTER_ADDR})",
-            "--main_process_port", f"$({ENV_MASTER_PORT})",
-            "--rdzv_backend", "static",
+            "accelerate",
+            "launch",
+            "--num_machines",
+            str(par.nodes),
+            "--num_processes",
+            str(par.world_size),
+            "--machine_rank",
+            f"$({ENV_NODE_RANK})",
+            "--main_process_ip",
+            f"$({ENV_MASTER_ADDR})",
+            "--main_process_port",
+            f"$({ENV_MASTER_PORT})",
+            "--rdzv_backend",
+            "static",
         ]
         if par.gpus_per_node == 0:
             cmd.append("--cpu")
@@ -221,8 +242,10 @@ def _env(job: DiffusionJob, settings: OperatorSettings, attempt: int) -> list[di
     env: list[dict[str, Any]] = [
         {"name": ENV_NNODES, "value": str(par.nodes)},
         {"name": ENV_NPROC_PER_NODE, "value": str(par.resolved_processes_per_node)},
-        {"name": ENV_NODE_RANK, "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}},
+        {
+            "name": ENV_NODE_RANK,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}},
+        },
         {"name": ENV_MASTER_ADDR, "value": f"{name}-0.{name}"},
         {"name": ENV_MASTER_PORT, "value": str(settings.master_port)},
         {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -235,8 +258,7 @@ def _env(job: DiffusionJob, settings: OperatorSettings, attempt: int) -> list[di
     ]
     token = job.spec.model.token_secret
     if token is not None:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": token.name, "key": token.key}}})
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}})
     if job.spec.model.name in TINY_MODEL_NAMES:
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
     env.extend(var.wire() for var in job.spec.pod_template.env)
@@ -263,8 +285,9 @@ def _volumes(job: DiffusionJob) -> tuple[list[dict[str, Any]], list[dict[str, An
     source = job.spec.prompts_from
     if source is not None:
         ref = source.config_map_key_ref
-        volumes.append({"name": "prompts", "configMap": {
-            "name": ref.name, "items": [{"key": ref.key, "path": PROMPTS_FILE}]}})
+        volumes.append(
+            {"name": "prompts", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": PROMPTS_FILE}]}}
+        )
         mounts.append({"name": "prompts", "mountPath": PROMPTS_DIR, "readOnly": True})
     return volumes, mounts
 
@@ -278,8 +301,7 @@ def _resources(job: DiffusionJob) -> dict[str, Any]:
     return resources
 
 
-def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSettings,
-                        attempt: int) -> dict[str, Any]:
+def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSettings, attempt: int) -> dict[str, Any]:
     tpl = job.spec.pod_template
     volumes, mounts = _volumes(job)
     container = {
@@ -323,16 +345,21 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
         "imagePullSecrets": tpl.image_pull_secrets or None,
     }
     pod_spec.update({k: v for k, v in optional.items() if v is not None})
-    labels = {**tpl.labels, **job_labels(job), LABEL_ATTEMPT: str(attempt),
-              LABEL_COMPONENT: "worker"}
+    labels = {**tpl.labels, **job_labels(job), LABEL_ATTEMPT: str(attempt), LABEL_COMPONENT: "worker"}
     return {
         "metadata": {"labels": labels, "annotations": dict(tpl.annotations)},
         "spec": pod_spec,
     }
 
 
-def render_job(job: DiffusionJob, namespace: str, settings: OperatorSettings, *,
-               attempt: int = 0, active_deadline_seconds: int | None = None) -> dict[str, Any]:
+def render_job(
+    job: DiffusionJob,
+    namespace: str,
+    settings: OperatorSettings,
+    *,
+    attempt: int = 0,
+    active_deadline_seconds: int | None = None,
+) -> dict[str, Any]:
     """The Indexed Job: one pod per node, all-or-nothing (a failed pod fails the group)."""
     nodes = job.spec.parallelism.nodes
     policy = job.spec.run_policy
@@ -359,8 +386,14 @@ def render_job(job: DiffusionJob, namespace: str, settings: OperatorSettings, *,
     }
 
 
-def render_children(job: DiffusionJob, namespace: str, settings: OperatorSettings, *,
-                    attempt: int = 0, active_deadline_seconds: int | None = None) -> Children:
+def render_children(
+    job: DiffusionJob,
+    namespace: str,
+    settings: OperatorSettings,
+    *,
+    attempt: int = 0,
+    active_deadline_seconds: int | None = None,
+) -> Children:
     service_account, role, binding = render_rbac(job, namespace)
     return Children(
         service=render_service(job, namespace, settings),
@@ -369,6 +402,5 @@ def render_children(job: DiffusionJob, namespace: str, settings: OperatorSetting
         service_account=service_account,
         role=role,
         role_binding=binding,
-        job=render_job(job, namespace, settings, attempt=attempt,
-                       active_deadline_seconds=active_deadline_seconds),
+        job=render_job(job, namespace, settings, attempt=attempt, active_deadline_seconds=active_deadline_seconds),
     )

@@ -49,8 +49,7 @@ DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # Environment variables the pod contract owns; a user env var with one of these names is refused.
 RESERVED_ENV_PREFIXES = ("PET_", "MURALIST_")
 RESERVED_ENV_NAMES = frozenset(
-    {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-     "NODE_RANK", "HF_TOKEN"}
+    {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "HF_TOKEN"}
 )
 
 
@@ -137,12 +136,8 @@ TINY_MODEL_NAMES = frozenset({"muralist/tiny-flux"})
 
 class PromptSpec(ApiModel):
     text: str = Field(min_length=1, description="The prompt.")
-    negative_prompt: str | None = Field(
-        None, description="Negative prompt, for pipelines that take one."
-    )
-    seed: int | None = Field(
-        None, ge=0, description="This prompt's seed; image i of the prompt uses seed + i."
-    )
+    negative_prompt: str | None = Field(None, description="Negative prompt, for pipelines that take one.")
+    seed: int | None = Field(None, ge=0, description="This prompt's seed; image i of the prompt uses seed + i.")
 
 
 class PromptsFrom(ApiModel):
@@ -154,15 +149,15 @@ class PromptsFrom(ApiModel):
 class Generation(ApiModel):
     steps: int = Field(28, ge=1, le=1000, description="Denoising steps per image.")
     guidance_scale: float = Field(3.5, ge=0, description="Classifier-free / distilled guidance.")
-    height: int = Field(1024, ge=8, le=16384, multiple_of=8, description="Image height in pixels (multiple of 8; some models need 16).")
-    width: int = Field(1024, ge=8, le=16384, multiple_of=8, description="Image width in pixels (multiple of 8; some models need 16).")
+    height: int = Field(
+        1024, ge=8, le=16384, multiple_of=8, description="Image height in pixels (multiple of 8; some models need 16)."
+    )
+    width: int = Field(
+        1024, ge=8, le=16384, multiple_of=8, description="Image width in pixels (multiple of 8; some models need 16)."
+    )
     images_per_prompt: int = Field(1, ge=1, le=10000, description="Images rendered for each prompt.")
-    seed: int = Field(
-        0, ge=0, description="Base seed; see the determinism rule in the README."
-    )
-    batch_size: int = Field(
-        1, ge=1, le=256, description="Images per pipeline call in one data-parallel group."
-    )
+    seed: int = Field(0, ge=0, description="Base seed; see the determinism rule in the README.")
+    batch_size: int = Field(1, ge=1, le=256, description="Images per pipeline call in one data-parallel group.")
     extra_args: KubeObject = Field(
         default_factory=dict,
         description="Free-form keyword arguments passed to the pipeline call.",
@@ -170,7 +165,9 @@ class Generation(ApiModel):
 
 
 class ContextParallelSpec(ApiModel):
-    ring_degree: int = Field(1, ge=1, description="Ring attention degree (needs an attention backend that returns LSE, GPU only).")
+    ring_degree: int = Field(
+        1, ge=1, description="Ring attention degree (needs an attention backend that returns LSE, GPU only)."
+    )
     ulysses_degree: int = Field(1, ge=1, description="Ulysses (all-to-all) degree; attention heads must divide by it.")
     attention_backend: str = Field(
         "native",
@@ -215,9 +212,7 @@ class Parallelism(ApiModel):
     context_parallel: ContextParallelSpec | None = Field(
         None, description="ContextParallel layout (ring x ulysses ranks per group)."
     )
-    tensor_parallel: TensorParallelSpec | None = Field(
-        None, description="TensorParallel layout."
-    )
+    tensor_parallel: TensorParallelSpec | None = Field(None, description="TensorParallel layout.")
     device_map: DeviceMapSpec | None = Field(None, description="DeviceMap placement.")
     collective_timeout_seconds: int = Field(
         600,
@@ -270,8 +265,7 @@ class Output(ApiModel):
             return value
         if value.startswith("/"):
             raise ValueError(
-                f"'{value}' is absolute; use a path relative to the volume, e.g. "
-                f"'{value.strip('/') or 'results'}'"
+                f"'{value}' is absolute; use a path relative to the volume, e.g. '{value.strip('/') or 'results'}'"
             )
         if ".." in value.split("/"):
             raise ValueError(f"'{value}' contains '..'; it must stay inside the volume")
@@ -344,11 +338,11 @@ class DiffusionJobSpec(ApiModel):
         max_length=50_000,
         description="Prompts: strings or {text, negativePrompt, seed}.",
     )
-    prompts_from: PromptsFrom | None = Field(
-        None, description="More prompts from a ConfigMap (one per line)."
-    )
+    prompts_from: PromptsFrom | None = Field(None, description="More prompts from a ConfigMap (one per line).")
     generation: Generation = Field(default_factory=Generation, description="Sampling parameters.")
-    parallelism: Parallelism = Field(default_factory=Parallelism, description="How the work is split over pods, processes and GPUs.")
+    parallelism: Parallelism = Field(
+        default_factory=Parallelism, description="How the work is split over pods, processes and GPUs."
+    )
     output: Output = Field(default_factory=Output, description="Where images are written.")
     image: str = Field("", description="Runtime container image; default from the operator settings.")
     resources: KubeObject = Field(
@@ -356,7 +350,9 @@ class DiffusionJobSpec(ApiModel):
         description="Container resources; default requests/limits nvidia.com/gpu = gpusPerNode.",
     )
     pod_template: PodTemplate = Field(default_factory=PodTemplate, description="Pod scheduling and metadata.")
-    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, suspension and queueing.")
+    run_policy: RunPolicy = Field(
+        default_factory=RunPolicy, description="Restarts, deadlines, suspension and queueing."
+    )
 
     @field_validator("prompts")
     @classmethod
@@ -453,10 +449,7 @@ def spec_problems(spec: DiffusionJobSpec) -> list[tuple[str, str]]:
                 "TensorParallel needs GPUs (diffusers refuses it on CPU); set gpusPerNode or "
                 "use DataParallel / ContextParallel",
             )
-    if (
-        par.strategy in (Strategy.CONTEXT_PARALLEL, Strategy.TENSOR_PARALLEL)
-        and spec.generation.batch_size != 1
-    ):
+    if par.strategy in (Strategy.CONTEXT_PARALLEL, Strategy.TENSOR_PARALLEL) and spec.generation.batch_size != 1:
         add(
             "generation.batchSize",
             f"is {spec.generation.batch_size}, but a {par.strategy} group renders one image at "
@@ -620,10 +613,12 @@ def parse_job(manifest: Any) -> DiffusionJob:
         raise ValidationProblem([f"manifest: expected a mapping, got {type(manifest).__name__}"])
     problems: list[str] = []
     if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
-        raise ValidationProblem([
-            f"apiVersion/kind: got {manifest.get('apiVersion')!r}/{manifest.get('kind')!r}; "
-            f"expected {API_VERSION}/{KIND}"
-        ])
+        raise ValidationProblem(
+            [
+                f"apiVersion/kind: got {manifest.get('apiVersion')!r}/{manifest.get('kind')!r}; "
+                f"expected {API_VERSION}/{KIND}"
+            ]
+        )
     problems: list[str] = []
     name = (manifest.get("metadata") or {}).get("name")
     nodes = ((manifest.get("spec") or {}).get("parallelism") or {}).get("nodes", 1)
@@ -651,9 +646,7 @@ class RuntimeSpec(ApiModel):
     namespace: str = Field("default", description="The DiffusionJob's namespace.")
     spec: DiffusionJobSpec
     output_dir: str = Field(description="Absolute directory the images go to.")
-    prompts_file: str | None = Field(
-        None, description="A mounted file with one prompt per line (from promptsFrom)."
-    )
+    prompts_file: str | None = Field(None, description="A mounted file with one prompt per line (from promptsFrom).")
     model_path: str | None = Field(
         None, description="Overrides spec.model.name with a local directory (muralist run --model)."
     )
@@ -679,8 +672,9 @@ class ImageTask(BaseModel):
         return f"{self.prompt_index:05d}-{self.image_index:03d}"
 
 
-def image_seed(base_seed: int, prompt_seed: int | None, prompt_index: int, image_index: int,
-               images_per_prompt: int) -> int:
+def image_seed(
+    base_seed: int, prompt_seed: int | None, prompt_index: int, image_index: int, images_per_prompt: int
+) -> int:
     """An image's seed depends only on the seeds and its indices, never on the world layout.
 
     A prompt with its own seed renders image i with seed + i, like a plain diffusers call with

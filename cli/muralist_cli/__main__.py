@@ -1,0 +1,5 @@
+import sys
+
+from muralist_cli import main
+
+sys.exit(main())

@@ -1,0 +1,97 @@
+"""One invalid manifest per API rule, with the field its message must name.
+
+Shared by the CLI test (Python validation) and the cluster test (the CRD's CEL rules and
+schema in the real API server), so both layers are held to the same rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.builders import make_job
+
+# (id, manifest, text the error must contain, checked by the API server too?)
+INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
+    ("unknown-field", make_job().generation(stepz=3).obj(), "spec.generation.stepz", False),
+    ("no-prompts", make_job().prompts().obj(), "spec.prompts", True),
+    ("empty-prompt", make_job().prompts("ok", "  ").obj(), "spec.prompts", False),
+    ("bad-dtype", make_job().set("spec.model.dtype", "float64").obj(), "spec.model.dtype", True),
+    ("height-not-multiple-of-8", make_job().generation(height=100).obj(), "spec.generation.height", True),
+    ("zero-steps", make_job().generation(steps=0).obj(), "spec.generation.steps", True),
+    ("absolute-output-path", make_job().output(path="/data/x").obj(), "spec.output.path", True),
+    ("dotdot-output-path", make_job().output(path="a/../../x").obj(), "spec.output.path", True),
+    ("name-not-dns-label", make_job(name="Cats_1").obj(), "metadata.name", True),
+    ("name-too-long-for-hostnames", make_job(name="a" * 60).world(nodes=120).obj(), "metadata.name", True),
+    (
+        "processes-not-one-per-gpu",
+        make_job().world(gpus=4, processes=2).obj(),
+        "spec.parallelism.processesPerNode",
+        True,
+    ),
+    (
+        "device-map-several-processes",
+        make_job().device_map().world(gpus=4, processes=4).obj(),
+        "spec.parallelism.processesPerNode",
+        True,
+    ),
+    (
+        "cp-degree-does-not-divide",
+        make_job().context_parallel(ulysses=4).world(gpus=6).obj(),
+        "spec.parallelism.contextParallel",
+        True,
+    ),
+    (
+        "cp-degree-one",
+        make_job().context_parallel(ulysses=1).world(gpus=2).obj(),
+        "spec.parallelism.contextParallel",
+        True,
+    ),
+    (
+        "ring-with-native-backend",
+        make_job().context_parallel(ring=2, ulysses=1).world(gpus=2).obj(),
+        "spec.parallelism.contextParallel.attentionBackend",
+        True,
+    ),
+    (
+        "tp-degree-does-not-divide",
+        make_job().tensor_parallel(degree=4).world(gpus=6).obj(),
+        "spec.parallelism.tensorParallel",
+        True,
+    ),
+    (
+        "tp-on-cpu",
+        make_job().tensor_parallel(degree=2).world(gpus=0, processes=2).obj(),
+        "spec.parallelism.gpusPerNode",
+        True,
+    ),
+    (
+        "cp-and-tp-together",
+        make_job()
+        .context_parallel(ulysses=2)
+        .world(gpus=2)
+        .set("spec.parallelism.tensorParallel", {"degree": 2})
+        .obj(),
+        "spec.parallelism",
+        True,
+    ),
+    (
+        "cp-config-without-cp-strategy",
+        make_job().world(gpus=2).set("spec.parallelism.contextParallel", {"ulyssesDegree": 2}).obj(),
+        "spec.parallelism.contextParallel",
+        True,
+    ),
+    (
+        "cp-batched",
+        make_job().context_parallel(ulysses=2).world(gpus=2).generation(batchSize=2).obj(),
+        "spec.generation.batchSize",
+        True,
+    ),
+    (
+        "reserved-env-var",
+        make_job().pod_template(env=[{"name": "PET_NNODES", "value": "9"}]).obj(),
+        "spec.podTemplate.env",
+        True,
+    ),
+    ("bad-strategy", make_job().strategy("PipelineParallel").obj(), "spec.parallelism.strategy", True),
+    ("negative-restarts", make_job().run_policy(maxRestarts=-1).obj(), "spec.runPolicy.maxRestarts", True),
+]
