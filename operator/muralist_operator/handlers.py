@@ -1,0 +1,250 @@
+"""kopf handlers: observe, decide (lifecycle.decide), write status once, act, then post events.
+
+Every trigger — the DiffusionJob changing, one of its Jobs, pods or progress ConfigMap
+changing, or the clock for deadlines, stall detection and TTL — runs the same level-based
+`Reconciler.reconcile`. Children are read from kopf's in-memory indexes, so a reconcile
+costs one GET (the job itself, fresh, because the status it decides from must be current).
+
+No handler here needs a finalizer: deleting a DiffusionJob never waits for the operator, and
+the garbage collector removes its children through their owner references.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from muralist_runtime.spec import (
+    GROUP,
+    PLURAL,
+    TERMINAL_PHASES,
+    VERSION,
+    DiffusionJob,
+    DiffusionJobStatus,
+    ValidationProblem,
+    parse_job,
+)
+from pydantic import ValidationError
+
+from muralist_operator import metrics
+from muralist_operator.kube import Kube
+from muralist_operator.lifecycle import (
+    CreateJob,
+    Decision,
+    DeleteJob,
+    DeleteSelf,
+    SetJobSuspend,
+    decide,
+    decide_invalid,
+)
+from muralist_operator.observe import Observed, job_view, owner_of, pod_view, rank_reports
+from muralist_operator.render import LABEL_COMPONENT, LABEL_JOB, OperatorSettings, render_children
+
+log = logging.getLogger("muralist.operator")
+Key = tuple[str, str]
+CLOCK_SECONDS = 2.0
+RESYNC_SECONDS = 60.0
+CREATE_GRACE_SECONDS = 10.0
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: OperatorSettings):
+        self.kube = kube
+        self.settings = settings
+        self._locks: dict[Key, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self.indexes: dict[str, Any] = {}
+        # Jobs that need the clock: a deadline, a stall timeout or a TTL.
+        self.clocked: set[Key] = set()
+        # (attempt, when) of the Job we last created: the index may not show it for a moment,
+        # and the burst of events right after a creation should not re-create it.
+        self.created: dict[Key, tuple[int, float]] = {}
+
+    def _lock(self, key: Key) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def remember_indexes(self, kwargs: dict[str, Any]) -> None:
+        for name in ("muralist_jobs", "muralist_pods", "muralist_progress"):
+            if name in kwargs:
+                self.indexes[name] = kwargs[name]
+
+    def observe(self, key: Key) -> Observed:
+        def values(index: str) -> list[Any]:
+            store = self.indexes.get(index, {})
+            return list(store.get(key, ())) if key in store else []
+
+        jobs = values("muralist_jobs")
+        ranks: dict[str, Any] = {}
+        for reports in values("muralist_progress"):
+            ranks.update(reports)
+        return Observed(job=jobs[0] if jobs else None, pods=values("muralist_pods"), ranks=ranks)
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        with self._lock(key), metrics.RECONCILE_SECONDS.time():
+            body = self.kube.get_diffusion_job(namespace, name)
+            if body is None:
+                self.forget(key)
+                return
+            self._reconcile(key, body)
+
+    def forget(self, key: Key) -> None:
+        self.clocked.discard(key)
+        self.created.pop(key, None)
+        metrics.forget(key)
+        with self._locks_guard:
+            self._locks.pop(key, None)
+
+    def _reconcile(self, key: Key, body: dict[str, Any]) -> None:
+        now = datetime.now(UTC)
+        raw_status = body.get("status") or {}
+        try:
+            status = DiffusionJobStatus.model_validate(raw_status)
+        except ValidationError:
+            status = DiffusionJobStatus()
+        generation = body["metadata"].get("generation")
+        manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+        job: DiffusionJob | None = None
+        try:
+            job = parse_job(manifest)
+            decision = decide(job, status, generation, self.observe(key), now)
+        except ValidationProblem as e:
+            decision = decide_invalid(status, generation, e.problems, now)
+
+        new_status = decision.status.wire()
+        if new_status != raw_status:
+            self.kube.patch_status(key[0], key[1], new_status)
+        if job is not None:
+            self._act(job, body, decision)
+        for event in decision.events:
+            self.kube.post_event(body, event.type, event.reason, event.message)
+        if decision.status.restarts > status.restarts:
+            reason = decision.events[-1].reason if decision.events else "Unknown"
+            metrics.RESTARTS.labels(reason=reason).inc()
+        self._track(key, job, decision)
+
+    def _act(self, job: DiffusionJob, owner: dict[str, Any], decision: Decision) -> None:
+        ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+        for action in decision.actions:
+            if isinstance(action, CreateJob):
+                key = (ns, name)
+                attempt, when = self.created.get(key, (-1, 0.0))
+                if attempt == action.attempt and time.monotonic() - when < CREATE_GRACE_SECONDS:
+                    continue
+                self.created[key] = (action.attempt, time.monotonic())
+                children = render_children(job, ns, self.settings, attempt=action.attempt,
+                                           active_deadline_seconds=action.active_deadline_seconds)
+                for child in children.all():
+                    self.kube.create(child, owner)
+            elif isinstance(action, DeleteJob):
+                log.info("deleting Job %s/%s: %s", ns, name, action.reason)
+                self.kube.delete_job(ns, name)
+            elif isinstance(action, SetJobSuspend):
+                self.kube.set_job_suspend(ns, name, action.suspend)
+            elif isinstance(action, DeleteSelf):
+                log.info("deleting DiffusionJob %s/%s: %s", ns, name, action.reason)
+                self.kube.delete_diffusion_job(ns, name)
+
+    def _track(self, key: Key, job: DiffusionJob | None, decision: Decision) -> None:
+        phase = decision.status.phase
+        metrics.observe_phase(key, str(phase))
+        if job is None:
+            self.clocked.discard(key)
+            return
+        policy = job.spec.run_policy
+        if phase in TERMINAL_PHASES:
+            needs_clock = policy.ttl_seconds_after_finished is not None
+        else:
+            needs_clock = bool(policy.active_deadline_seconds or policy.stall_timeout_seconds)
+        if needs_clock:
+            self.clocked.add(key)
+        else:
+            self.clocked.discard(key)
+
+    def safe_reconcile(self, namespace: str, name: str) -> None:
+        try:
+            self.reconcile(namespace, name)
+        except Exception:  # the clock must keep ticking for every other job
+            log.exception("reconcile of %s/%s failed", namespace, name)
+
+    def run_clock(self, stop: threading.Event) -> None:
+        """Deadlines, stall timeouts and TTLs are about time, not events: tick for those jobs,
+        and now and then resync every job in case an event was missed."""
+        last_resync = time.monotonic()
+        while not stop.wait(CLOCK_SECONDS):
+            if not self.indexes:
+                continue  # kopf has not finished its first listing: nothing is known yet
+            keys = set(self.clocked)
+            if time.monotonic() - last_resync > RESYNC_SECONDS:
+                keys |= set(metrics.known_jobs())
+                last_resync = time.monotonic()
+            for namespace, name in sorted(keys):
+                self.safe_reconcile(namespace, name)
+
+
+RECONCILER: Reconciler | None = None
+
+
+def reconciler() -> Reconciler:
+    if RECONCILER is None:
+        raise RuntimeError("the operator has not started")
+    return RECONCILER
+
+
+# -- indexes: what the operator knows about children, kept current by kopf's watches
+
+
+@kopf.index("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})
+def muralist_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
+    return {(namespace, owner_of(body)): job_view(body)}  # type: ignore[dict-item]
+
+
+@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})
+def muralist_pods(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
+    return {(namespace, owner_of(body)): pod_view(body)}  # type: ignore[dict-item]
+
+
+@kopf.index("", "v1", "configmaps", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "progress"})
+def muralist_progress(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
+    return {(namespace, owner_of(body)): rank_reports(body.get("data"))}  # type: ignore[dict-item]
+
+
+# -- triggers
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def diffusion_job_event(namespace: str, name: str, type: str | None, **kwargs: Any) -> None:
+    r = reconciler()
+    r.remember_indexes(kwargs)
+    if type == "DELETED":
+        r.forget((namespace, name))
+        return
+    r.reconcile(namespace, name)
+
+
+def _child_event(namespace: str, body: kopf.Body, kwargs: dict[str, Any]) -> None:
+    owner = owner_of(body)
+    if owner:
+        r = reconciler()
+        r.remember_indexes(kwargs)
+        r.reconcile(namespace, owner)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})
+def job_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
+    _child_event(namespace, body, kwargs)
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})
+def pod_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
+    _child_event(namespace, body, kwargs)
+
+
+@kopf.on.event("", "v1", "configmaps", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "progress"})
+def progress_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
+    _child_event(namespace, body, kwargs)

@@ -1,0 +1,123 @@
+"""Side effects on the API server: create children, delete, patch status, post events.
+
+Thin wrappers over the kubernetes client that make each call idempotent (409 on create and
+404 on delete are the expected outcomes of a retry, not errors).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from muralist_runtime.spec import GROUP, PLURAL, VERSION
+
+log = logging.getLogger("muralist.operator")
+
+
+def load_config() -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+@dataclass
+class Kube:
+    core: client.CoreV1Api
+    batch: client.BatchV1Api
+    rbac: client.RbacAuthorizationV1Api
+    custom: client.CustomObjectsApi
+
+    @classmethod
+    def connect(cls) -> Kube:
+        api = client.ApiClient()
+        return cls(client.CoreV1Api(api), client.BatchV1Api(api), client.RbacAuthorizationV1Api(api),
+                   client.CustomObjectsApi(api))
+
+    # -- the DiffusionJob itself
+
+    def get_diffusion_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+
+    def delete_diffusion_job(self, namespace: str, name: str) -> None:
+        self._ignore(404, self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
+                     propagation_policy="Background")
+
+    # -- children
+
+    def create(self, obj: dict[str, Any], owner: dict[str, Any]) -> bool:
+        """Create a child owned by the DiffusionJob; False when it already exists."""
+        kopf.append_owner_reference(obj, owner=owner)
+        ns = obj["metadata"]["namespace"]
+        creators = {
+            "Service": self.core.create_namespaced_service,
+            "ConfigMap": self.core.create_namespaced_config_map,
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Role": self.rbac.create_namespaced_role,
+            "RoleBinding": self.rbac.create_namespaced_role_binding,
+            "Job": self.batch.create_namespaced_job,
+        }
+        try:
+            creators[obj["kind"]](ns, obj)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        # Foreground: the Job object stays until its pods are gone, so the next group never
+        # meets the old one (same hostnames, same rendezvous port).
+        self._ignore(404, self.batch.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
+
+    def set_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
+        self._ignore(404, self.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspend}})
+
+    # -- events
+
+    def post_event(self, owner: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = owner["metadata"]
+        now = datetime.now(UTC)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "muralist-operator"},
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+            "reportingComponent": "muralist.dev/operator",
+            "reportingInstance": "muralist-operator",
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as e:  # an event lost is not worth failing a reconcile
+            log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)
+
+    @staticmethod
+    def _ignore(status: int, fn: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except ApiException as e:
+            if e.status != status:
+                raise
