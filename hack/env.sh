@@ -1,0 +1,16 @@
+# Sourced by hack/*.sh and .ci/run: one virtual environment outside the clone, reused.
+# MURALIST_CACHE (default ~/.cache/muralist) holds the venv and the control-plane binaries.
+MURALIST_CACHE=${MURALIST_CACHE:-$HOME/.cache/muralist}
+VENV=${MURALIST_VENV:-$MURALIST_CACHE/venv}
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+ensure_venv() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "creating the virtual environment in $VENV" >&2
+        mkdir -p "$(dirname "$VENV")"
+        python3 -m venv "$VENV"
+    fi
+    # Editable, so the venv follows whichever clone installed it last. pip is quick when
+    # everything is already there (the first install downloads torch: several GB).
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$REPO_ROOT[operator,runtime,dev]" >&2
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, import contracts, unit, runtime (real torchrun on CPU) and
+# cluster tests (a real control plane built from Go modules; the first build takes minutes).
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+ensure_venv
+cd "$REPO_ROOT"
+MURALIST_K8S_BIN=$(bash hack/cluster-binaries.sh)
+export MURALIST_K8S_BIN
+# Cluster tests fail instead of skipping when their control plane cannot start.
+export MURALIST_REQUIRE_CLUSTER=1
+"$VENV/bin/ruff" check .
+"$VENV/bin/lint-imports"
+exec "$VENV/bin/python" -m pytest "$@"

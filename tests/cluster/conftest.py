@@ -1,0 +1,90 @@
+"""Cluster fixtures: the CRD applied once, and `muralist operator` running as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from muralist_runtime.spec import GROUP, PLURAL, VERSION
+from tests.kube_helpers import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "muralist.dev_diffusionjobs.yaml"
+
+
+@pytest.fixture(scope="session")
+def crd(kube_api: Any) -> dict[str, Any]:
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(kube_api)
+    body = yaml.safe_load(CRD_FILE.read_text())
+    ext.create_custom_resource_definition(body)
+
+    def established() -> bool:
+        got = ext.read_custom_resource_definition(body["metadata"]["name"])
+        return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
+
+    wait_for(established, timeout=30, message="the DiffusionJob CRD to be established")
+    # Discovery can lag behind Established: wait until the resource can be listed.
+    wait_for(lambda: client.CustomObjectsApi(kube_api).list_cluster_custom_object(GROUP, VERSION, PLURAL) is not None,
+             timeout=30, message="DiffusionJobs to be served")
+    return body
+
+
+class OperatorProcess:
+    """`muralist operator` against the test control plane; can be killed and restarted."""
+
+    def __init__(self, kubeconfig: Path, log_dir: Path, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None):
+        self.kubeconfig, self.log_dir = kubeconfig, log_dir
+        self.extra_args = extra_args or []
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115 (owned by the process)
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0", "--metrics-port", "0",
+             "--runtime-image", "muralist-runtime:test", *self.extra_args],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))
+
+
+@pytest.fixture(scope="session")
+def operator(control_plane: Any, crd: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(control_plane.kubeconfig, tmp_path_factory.mktemp("operator"))
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        if request.session.testsfailed:
+            sys.stderr.write(f"\n--- operator log (last 200 lines) ---\n{''.join(op.logs().splitlines(True)[-200:])}\n")

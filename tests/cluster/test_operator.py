@@ -1,0 +1,234 @@
+"""The operator against the real control plane: pods are played by kwok, their fate chosen per test."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from muralist_runtime.spec import GROUP, PLURAL, VERSION
+from tests.builders import make_job
+from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
+from tests.unit.invalid_cases import INVALID_CASES
+
+pytestmark = pytest.mark.cluster
+
+
+class DJ:
+    """Small client for DiffusionJobs and their children in one namespace."""
+
+    def __init__(self, api: Any, namespace: str):
+        self.ns = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, manifest)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+        return wait_for(lambda: (s := self.status(name)).get("phase") == phase and s,
+                        timeout=timeout, message=f"{name} to reach {phase} (now {self.status(name).get('phase')})")
+
+    def pods(self, name: str, attempt: int | None = None) -> list[Any]:
+        selector = f"muralist.dev/job-name={name}"
+        if attempt is not None:
+            selector += f",muralist.dev/attempt={attempt}"
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+        return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+    def wait_pods(self, name: str, count: int, attempt: int = 0, phase: str = "Running") -> list[Any]:
+        return wait_for(lambda: len(ps := [p for p in self.pods(name, attempt) if p.status.phase == phase]) == count
+                        and ps, timeout=60, message=f"{count} {phase} pods of {name} attempt {attempt}")
+
+    def events(self, name: str) -> list[str]:
+        items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        return [e.reason for e in items if e.involved_object.kind == "DiffusionJob"]
+
+
+@pytest.fixture
+def dj(kube_api: Any, namespace: str, operator: Any) -> DJ:
+    return DJ(kube_api, namespace)
+
+
+def running_job(name: str = "cats", nodes: int = 2, **annotations: str) -> Any:
+    return (make_job(name).world(nodes=nodes, gpus=1)
+            .pod_template(annotations=annotations or fate_annotations("run")))
+
+
+def test_creates_children_and_succeeds(dj: DJ, control_plane: Any) -> None:
+    dj.create(make_job("cats").world(nodes=2, gpus=1).pod_template(
+        annotations=fate_annotations("succeed", after="2s")).obj())
+    job = wait_for(lambda: dj.batch.read_namespaced_job("cats", dj.ns), message="Job cats")
+    owner = job.metadata.owner_references[0]
+    assert (owner.kind, owner.name, owner.controller) == ("DiffusionJob", "cats", True)
+    assert (job.spec.completion_mode, job.spec.completions, job.spec.parallelism) == ("Indexed", 2, 2)
+    pod_spec = job.spec.template.spec
+    env = {e.name: e for e in pod_spec.containers[0].env}
+    assert env["PET_MASTER_ADDR"].value == "cats-0.cats" and env["PET_NNODES"].value == "2"
+    assert env["PET_NODE_RANK"].value_from.field_ref.field_path.endswith("job-completion-index']")
+    assert {v.name for v in pod_spec.volumes} >= {"spec", "output", "dshm", "hf-cache"}
+    svc = dj.core.read_namespaced_service("cats", dj.ns)
+    assert svc.spec.cluster_ip == "None" and svc.metadata.owner_references[0].name == "cats"
+    assert dj.core.read_namespaced_config_map("cats-spec", dj.ns).data["spec.json"]
+
+    running = dj.wait_phase("cats", "Running")
+    assert running["worldSize"] == 2 and running["startTime"]
+    done = dj.wait_phase("cats", "Succeeded")
+    assert done["completionTime"] and done["progress"]["summary"] == "2/2"
+    conditions = {c["type"]: c["status"] for c in done["conditions"]}
+    assert conditions["Complete"] == conditions["Ready"] == "True"
+    kubectl = control_plane.bin_dir / "kubectl"
+    proc = subprocess.run([str(kubectl), "--kubeconfig", str(control_plane.kubeconfig), "-n", dj.ns, "wait",
+                           "--for=condition=Complete", "dj/cats", "--timeout=10s"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert {"Pending", "Running", "Completed"} <= set(dj.events("cats"))
+
+
+def test_failed_pod_restarts_the_group(dj: DJ) -> None:
+    dj.create(running_job("cats").obj())
+    first = dj.wait_pods("cats", 2, attempt=0)
+    set_pod_fate(dj.core, first[1].metadata.name, dj.ns, "fail", exit_code=1, message="rank 1: NCCL timeout")
+    restarting = dj.wait_phase("cats", "Restarting")
+    assert restarting["restarts"] == 1 and "NCCL timeout" in restarting["message"]
+    second = dj.wait_pods("cats", 2, attempt=1)
+    assert {p.metadata.labels["muralist.dev/attempt"] for p in second} == {"1"}
+    for p in second:
+        set_pod_fate(dj.core, p.metadata.name, dj.ns, "succeed", after="100ms")
+    done = dj.wait_phase("cats", "Succeeded")
+    assert done["restarts"] == 1
+    assert "PodFailed" in dj.events("cats")
+
+
+def test_failures_beyond_max_restarts_fail(dj: DJ) -> None:
+    dj.create(make_job("cats").world(nodes=1, gpus=1).run_policy(maxRestarts=1).pod_template(
+        annotations=fate_annotations("fail", exit_code=2, message="out of memory", after="200ms")).obj())
+    failed = dj.wait_phase("cats", "Failed", timeout=90)
+    assert failed["restarts"] == 1
+    assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["MaxRestartsExceeded"]
+    assert "out of memory" in failed["message"]
+
+
+def test_permanent_runtime_error_fails_at_once(dj: DJ) -> None:
+    message = '{"permanent": true, "message": "FluxTransformer2DModel has no _tp_plan"}'
+    dj.create(make_job("cats").world(nodes=1, gpus=1).pod_template(
+        annotations=fate_annotations("fail", exit_code=1, message=message, after="200ms")).obj())
+    failed = dj.wait_phase("cats", "Failed")
+    assert failed["restarts"] == 0
+    assert "no _tp_plan" in failed["message"] and "permanent" in failed["message"]
+
+
+def test_suspend_and_resume(dj: DJ) -> None:
+    dj.create(running_job("cats").obj())
+    dj.wait_pods("cats", 2)
+    dj.patch_spec("cats", {"runPolicy": {"suspend": True}})
+    dj.wait_phase("cats", "Suspended")
+    wait_for(lambda: dj.batch.read_namespaced_job("cats", dj.ns).spec.suspend, message="Job suspended")
+    wait_for(lambda: not dj.pods("cats"), message="pods gone while suspended")
+    dj.patch_spec("cats", {"runPolicy": {"suspend": False}})
+    dj.wait_phase("cats", "Running")
+
+
+def test_kueue_queue_name_creates_the_job_suspended(dj: DJ) -> None:
+    dj.create(make_job("cats").run_policy(queueName="gpu-batch").obj())
+    job = wait_for(lambda: dj.batch.read_namespaced_job("cats", dj.ns), message="Job cats")
+    assert job.spec.suspend is True and job.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpu-batch"
+    assert dj.wait_phase("cats", "Suspended")["message"].startswith("waiting for Kueue")
+
+
+def test_deadline_fails_the_job(dj: DJ) -> None:
+    dj.create(running_job("cats", nodes=1).run_policy(activeDeadlineSeconds=3).obj())
+    failed = dj.wait_phase("cats", "Failed", timeout=60)
+    assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["DeadlineExceeded"]
+
+
+def test_deleting_the_job_collects_its_children(dj: DJ) -> None:
+    dj.create(running_job("cats", nodes=1).obj())
+    dj.wait_pods("cats", 1)
+    dj.custom.delete_namespaced_custom_object(GROUP, VERSION, dj.ns, PLURAL, "cats")
+
+    def gone() -> bool:
+        left = [
+            dj.batch.list_namespaced_job(dj.ns).items,
+            dj.core.list_namespaced_service(dj.ns).items,
+            [c for c in dj.core.list_namespaced_config_map(dj.ns).items if c.metadata.name.startswith("cats")],
+            dj.pods("cats"),
+        ]
+        return not any(left)
+
+    wait_for(gone, timeout=60, message="children garbage-collected")
+
+
+def test_ttl_deletes_the_finished_job(dj: DJ) -> None:
+    dj.create(make_job("cats").run_policy(ttlSecondsAfterFinished=1).pod_template(
+        annotations=fate_annotations("succeed", after="100ms")).obj())
+
+    def deleted() -> bool:
+        try:
+            dj.get("cats")
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_for(deleted, timeout=60, message="the DiffusionJob deleted after its TTL")
+
+
+def test_spec_cannot_change_after_creation(dj: DJ) -> None:
+    dj.create(running_job("cats", nodes=1).obj())
+    with pytest.raises(ApiException) as err:
+        dj.patch_spec("cats", {"generation": {"steps": 50}})
+    assert err.value.status == 422 and "spec.generation cannot change" in err.value.body
+
+
+def test_operator_restart_mid_reconcile_leaves_one_set_of_children(dj: DJ, operator: Any) -> None:
+    operator.kill()
+    try:
+        for i in range(3):
+            dj.create(running_job(f"job{i}", nodes=2).obj())
+        operator.start()
+        wait_for(lambda: dj.batch.list_namespaced_job(dj.ns).items, message="a Job created")
+        operator.kill()  # while it is still creating the others' children
+    finally:
+        operator.start()
+    for i in range(3):
+        dj.wait_phase(f"job{i}", "Running")
+    jobs = [j.metadata.name for j in dj.batch.list_namespaced_job(dj.ns).items]
+    services = [s.metadata.name for s in dj.core.list_namespaced_service(dj.ns).items]
+    assert sorted(jobs) == sorted(services) == ["job0", "job1", "job2"]
+    for i in range(3):
+        assert len(dj.pods(f"job{i}")) == 2
+
+
+API_CASES = [(cid, m, field) for cid, m, field, by_api in INVALID_CASES if by_api]
+
+
+@pytest.mark.parametrize(("manifest", "field"), [(m, f) for _, m, f in API_CASES], ids=[c[0] for c in API_CASES])
+def test_api_server_refuses_what_validate_refuses(kube_api: Any, crd: Any, namespace: str, manifest: dict,
+                                                  field: str) -> None:
+    custom = client.CustomObjectsApi(kube_api)
+    with pytest.raises(ApiException) as err:
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    assert err.value.status == 422
+    assert field in err.value.body, err.value.body
+
+
+def test_invalid_job_past_the_crd_becomes_failed(dj: DJ) -> None:
+    # Pydantic-only rules (an empty prompt) get past the CRD: the operator reports them.
+    dj.create(make_job("cats").prompts("ok", " ").obj())
+    failed = dj.wait_phase("cats", "Failed")
+    assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["InvalidSpec"]
+    assert "spec.prompts" in failed["message"]
+    assert "InvalidSpec" in dj.events("cats")
