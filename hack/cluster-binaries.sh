@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Build the binaries of Muralist's test control plane from Go modules, at pinned versions:
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm.
+#
+# Usage: hack/cluster-binaries.sh
+#   Prints the bin directory as the last line of stdout; progress goes to stderr.
+#   Versions come from hack/versions.env. Output goes to a cache outside the clone:
+#     ${MURALIST_K8S_CACHE:-$HOME/.cache/muralist/k8s}/<k8s-version>/bin
+#   Idempotent: a binary whose stamp matches its pinned version is not rebuilt, so a warm
+#   cache returns in well under a second without invoking go.
+# A cold build downloads the modules (through GOPROXY) and compiles for a long while on few
+# cores (tens of minutes on 2 cores); the Go module and build caches keep their defaults.
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "${HACK_DIR}/versions.env"
+
+CACHE_DIR="${MURALIST_K8S_CACHE:-$HOME/.cache/muralist/k8s}/${K8S_VERSION}"
+BIN_DIR="${CACHE_DIR}/bin"
+SRC_DIR="${CACHE_DIR}/src"
+
+log() { echo "[cluster-binaries] $*" >&2; }
+
+# A binary counts as built only when its stamp names the version pinned now, so bumping
+# versions.env rebuilds exactly what changed.
+is_current() { # name version
+    [[ -x "${BIN_DIR}/$1" && "$(cat "${BIN_DIR}/.$1.version" 2>/dev/null)" == "$2" ]]
+}
+
+# Move freshly built binaries into BIN_DIR and stamp them; done last so an interrupted build
+# never leaves something that looks complete.
+install_built() { # tmpdir version names...
+    local tmp="$1" version="$2" name
+    shift 2
+    for name in "$@"; do
+        mv -f "${tmp}/${name}" "${BIN_DIR}/${name}"
+        echo "${version}" >"${BIN_DIR}/.${name}.version"
+        log "built ${name} ${version} ($(du -h "${BIN_DIR}/${name}" | cut -f1))"
+    done
+}
+
+go_build() { # build flags and packages, run inside a wrapper module
+    CGO_ENABLED=0 go build -mod=mod -trimpath "$@"
+}
+
+build_etcd() {
+    # etcd's own go.mod files use local replace directives, so `go install` cannot build it;
+    # a wrapper module requiring the server and its sibling modules at one tag can.
+    local dir="${SRC_DIR}/etcd" tmp
+    mkdir -p "${dir}"
+    cat >"${dir}/go.mod" <<EOF
+module muralist.dev/hack/etcd-wrapper
+
+go 1.26.0
+
+require (
+	go.etcd.io/etcd/server/v3 ${ETCD_VERSION}
+	go.etcd.io/etcd/api/v3 ${ETCD_VERSION}
+	go.etcd.io/etcd/client/pkg/v3 ${ETCD_VERSION}
+	go.etcd.io/etcd/client/v3 ${ETCD_VERSION}
+	go.etcd.io/etcd/pkg/v3 ${ETCD_VERSION}
+)
+EOF
+    tmp="$(mktemp -d "${CACHE_DIR}/tmp.XXXXXX")"
+    log "building etcd ${ETCD_VERSION}"
+    (cd "${dir}" && go_build -ldflags "-s -w" -o "${tmp}/etcd" go.etcd.io/etcd/server/v3)
+    install_built "${tmp}" "${ETCD_VERSION}" etcd
+    rm -rf "${tmp}"
+}
+
+# Print "replace" lines for the staging modules k8s.io/kubernetes requires: its go.mod pins them
+# at v0.0.0 and points them at ./staging, which a dependent module cannot see, so each one is
+# replaced by its published v0.<minor>.<patch>. The list is read from that go.mod so it follows
+# the release (1.36 added e.g. k8s.io/streaming); unrequired ones (sample-cli-plugin, which
+# the proxy does not serve) are left out.
+staging_replaces() {
+    local gomod staging_version="v0.${K8S_VERSION#v1.}"
+    gomod="$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" |
+        sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    awk -v ver="${staging_version}" '
+        $2 == "v0.0.0" && $1 ~ /^k8s\.io\// { required[$1] = 1 }
+        $2 == "=>" && $3 ~ /^\.\/staging\// && ($1 in required) {
+            printf "\t%s => %s %s\n", $1, $1, ver
+        }' "${gomod}"
+}
+
+build_kube() {
+    local dir="${SRC_DIR}/kubernetes" tmp minor="${K8S_VERSION#v1.}" pkg
+    minor="${minor%%.*}"
+    mkdir -p "${dir}"
+    {
+        printf 'module muralist.dev/hack/kubernetes-wrapper\n\ngo 1.26.0\n\n'
+        printf 'require k8s.io/kubernetes %s\n\nreplace (\n' "${K8S_VERSION}"
+        staging_replaces
+        printf ')\n'
+    } >"${dir}/go.mod"
+    # Truthful `--version`: the same variables Kubernetes' own build stamps.
+    local ldflags="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X ${pkg}.gitVersion=${K8S_VERSION} -X ${pkg}.gitMajor=1"
+        ldflags+=" -X ${pkg}.gitMinor=${minor} -X ${pkg}.gitTreeState=clean"
+        ldflags+=" -X ${pkg}.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    done
+    tmp="$(mktemp -d "${CACHE_DIR}/tmp.XXXXXX")"
+    log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl ${K8S_VERSION}"
+    # One invocation for all four so they share one module graph and the build cache.
+    (cd "${dir}" && go_build -ldflags "${ldflags}" -o "${tmp}/" \
+        k8s.io/kubernetes/cmd/kube-apiserver \
+        k8s.io/kubernetes/cmd/kube-controller-manager \
+        k8s.io/kubernetes/cmd/kube-scheduler \
+        k8s.io/kubernetes/cmd/kubectl)
+    install_built "${tmp}" "${K8S_VERSION}" kube-apiserver kube-controller-manager kube-scheduler kubectl
+    rm -rf "${tmp}"
+}
+
+# kwok and helm are plain `go install`able (no replace directives in their go.mod).
+go_install() { # name module/cmd version ldflags
+    local tmp
+    tmp="$(mktemp -d "${CACHE_DIR}/tmp.XXXXXX")"
+    log "building $1 $3"
+    (cd "${tmp}" && CGO_ENABLED=0 GOBIN="${tmp}" go install -trimpath -ldflags "$4" "$2@$3")
+    install_built "${tmp}" "$3" "$1"
+    rm -rf "${tmp}"
+}
+
+main() {
+    mkdir -p "${BIN_DIR}"
+    # Two builds at once (e.g. a test run and a dev cluster) would race on BIN_DIR.
+    exec 9>"${CACHE_DIR}/.lock"
+    flock 9
+    is_current etcd "${ETCD_VERSION}" || build_etcd
+    local name todo=0
+    for name in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+        is_current "${name}" "${K8S_VERSION}" || todo=1
+    done
+    ((todo == 0)) || build_kube
+    is_current kwok "${KWOK_VERSION}" ||
+        go_install kwok sigs.k8s.io/kwok/cmd/kwok "${KWOK_VERSION}" \
+            "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
+    is_current helm "${HELM_VERSION}" ||
+        go_install helm helm.sh/helm/v3/cmd/helm "${HELM_VERSION}" \
+            "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+    echo "${BIN_DIR}"
+}
+
+main "$@"
