@@ -106,13 +106,14 @@ class ConfigMapKeyRef(ApiModel):
 class ModelSpec(ApiModel):
     name: str = Field(
         min_length=1,
+        max_length=1024,
         description=(
             "Hugging Face hub repo id (org/name), an absolute path inside the pod, or a "
             "built-in tiny random pipeline ('muralist/tiny-flux') built in place without "
             "download, for quickstarts and tests."
         ),
     )
-    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    revision: str | None = Field(None, max_length=256, description="Hub revision (branch, tag or commit).")
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "bfloat16", description="Weights and compute dtype: float32, float16 or bfloat16."
     )
@@ -172,6 +173,7 @@ class ContextParallelSpec(ApiModel):
     attention_backend: str = Field(
         "native",
         pattern=r"^[a-z_0-9]+$",
+        max_length=64,
         description="diffusers attention backend (native, flash, _native_cudnn, ...); ring "
         "attention needs one that returns LSE, e.g. flash.",
     )
@@ -189,6 +191,7 @@ class DeviceMapSpec(ApiModel):
     policy: Literal["balanced"] = Field("balanced", description="diffusers pipeline device_map policy.")
     max_memory: dict[str, str] = Field(
         default_factory=dict,
+        max_length=64,
         description="Per-device memory cap, e.g. {'0': '20GiB', '1': '20GiB'}.",
     )
 
@@ -254,6 +257,7 @@ class Output(ApiModel):
     )
     path: str | None = Field(
         None,
+        max_length=1024,
         description="Directory inside the volume, relative, without '..'; default metadata.name.",
     )
     format: Literal["png", "jpeg", "webp"] = Field("png", description="Image file format.")
@@ -275,7 +279,9 @@ class Output(ApiModel):
 
 
 class EnvVar(ApiModel):
-    name: str = Field(min_length=1, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name.")
+    name: str = Field(
+        min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name."
+    )
     value: str | None = Field(None, description="Literal value.")
     value_from: KubeObject | None = Field(None, description="A Kubernetes EnvVarSource (secretKeyRef, fieldRef, ...).")
 

@@ -1,0 +1,166 @@
+"""Fixtures for the runtime tests: real torchrun on CPU with gloo, one tiny pipeline.
+
+Every spawn costs seconds on a busy 2-core box, so the tiny pipeline is built once per
+session and the 1-process reference images are rendered once and shared.
+Threads are pinned (OMP_NUM_THREADS=1 in every process), so image bytes can be compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from muralist_runtime.spec import RuntimeSpec
+
+PROMPTS = ["a red fox", "a lighthouse in a storm", {"text": "a robot in a garden", "seed": 42}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class JobBuilder:
+    """make_job().processes(2).context_parallel(ulysses=2).obj() -> a DiffusionJobSpec dict."""
+
+    def __init__(self) -> None:
+        self.doc: dict[str, Any] = {
+            "model": {"name": "muralist/tiny-flux", "dtype": "float32"},
+            "prompts": list(PROMPTS),
+            "generation": {"steps": 2, "height": 32, "width": 32, "imagesPerPrompt": 1,
+                           "extraArgs": {"max_sequence_length": 16}},
+            "parallelism": {"strategy": "DataParallel", "gpusPerNode": 0, "nodes": 1,
+                            "processesPerNode": 1},
+        }
+
+    def processes(self, n: int, nodes: int = 1) -> JobBuilder:
+        self.doc["parallelism"].update(processesPerNode=n, nodes=nodes)
+        return self
+
+    def context_parallel(self, ulysses: int = 1, ring: int = 1,
+                         backend: str = "native") -> JobBuilder:
+        self.doc["parallelism"].update(strategy="ContextParallel", contextParallel={
+            "ulyssesDegree": ulysses, "ringDegree": ring, "attentionBackend": backend})
+        return self
+
+    def tensor_parallel(self, degree: int = 2) -> JobBuilder:
+        self.doc["parallelism"].update(strategy="TensorParallel",
+                                       tensorParallel={"degree": degree})
+        return self
+
+    def launcher(self, name: str) -> JobBuilder:
+        self.doc["parallelism"]["launcher"] = name
+        return self
+
+    def obj(self) -> dict[str, Any]:
+        return self.doc
+
+
+def make_job() -> JobBuilder:
+    return JobBuilder()
+
+
+def runtime_spec_json(job: dict[str, Any], output: Path, model_path: Path | None = None) -> str:
+    """The RuntimeSpec JSON the operator (or `muralist run`) would write."""
+    doc = {"name": "t", "spec": job, "outputDir": str(output)}
+    if model_path is not None:
+        doc["modelPath"] = str(model_path)
+    return RuntimeSpec.model_validate(doc).model_dump_json(by_alias=True, exclude_none=True)
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    output: Path
+    termination: dict[str, Any] = field(default_factory=dict)
+
+    def images(self) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted((self.output / "images").glob("*.png"))}
+
+    def manifest(self) -> list[dict[str, Any]]:
+        path = self.output / "manifest.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def rank_log(self) -> list[dict[str, Any]]:
+        out = []
+        for p in sorted(self.output.glob("manifest.rank-*.jsonl")):
+            out += [json.loads(line) for line in p.read_text().splitlines()]
+        return out
+
+
+@pytest.fixture(scope="session")
+def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for spawned processes: the session's tiny-model cache, pinned threads."""
+    cache = tmp_path_factory.mktemp("muralist-cache")
+    return {**os.environ, "MURALIST_CACHE": str(cache), "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error",
+            "DIFFUSERS_VERBOSITY": "error"}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(runtime_env: dict[str, str]) -> Path:
+    """Built once, where `muralist/tiny-flux` resolves in spawned processes (MURALIST_CACHE)."""
+    from muralist_runtime.pipeline import tiny_cache_dir
+    from muralist_runtime.tiny import build_tiny_pipeline
+
+    old = os.environ.get("MURALIST_CACHE")
+    os.environ["MURALIST_CACHE"] = runtime_env["MURALIST_CACHE"]
+    try:
+        return build_tiny_pipeline(tiny_cache_dir("muralist/tiny-flux"))
+    finally:
+        if old is None:
+            os.environ.pop("MURALIST_CACHE")
+        else:
+            os.environ["MURALIST_CACHE"] = old
+
+
+def _termination(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def torchrun(spec_json: str, output: Path, env: dict[str, str], nproc: int = 1,
+             nnodes: int = 1, extra_env: dict[str, str] | None = None,
+             timeout: float = 240) -> Run:
+    """Run the runtime under real torchrun agents configured only through PET_* variables."""
+    output.mkdir(parents=True, exist_ok=True)
+    spec_file = output.parent / f"{output.name}.spec.json"
+    spec_file.write_text(spec_json)
+    term = output.parent / f"{output.name}.termination"
+    port = free_port()
+    procs = []
+    for node in range(nnodes):
+        penv = {**env, **(extra_env or {}), "MURALIST_TERMINATION_LOG": str(term),
+                "PET_NNODES": str(nnodes), "PET_NPROC_PER_NODE": str(nproc),
+                "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "127.0.0.1",
+                "PET_MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "-m", "muralist_runtime",
+             "--spec", str(spec_file)],
+            env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    code = next((p.returncode for p in procs if p.returncode), 0)
+    return Run(code, "".join(o for o, _ in outs), "".join(e for _, e in outs), output,
+               _termination(term))
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory, runtime_env: dict[str, str],
+              tiny_model: Path) -> Run:
+    """The base job rendered by one process: what every layout must reproduce."""
+    out = tmp_path_factory.mktemp("reference") / "out"
+    run = torchrun(runtime_spec_json(make_job().obj(), out), out, runtime_env, nproc=1)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run

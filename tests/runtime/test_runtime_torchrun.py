@@ -1,0 +1,193 @@
+"""The runtime under real torchrun (CPU, gloo): layouts render the reference images."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from muralist_runtime.spec import PERMANENT_FAILURE_EXIT_CODE
+from PIL import Image
+
+from .conftest import Run, make_job, runtime_spec_json, torchrun
+
+pytestmark = pytest.mark.torchrun
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def assert_each_image_once(run: Run, keys: list[str]) -> None:
+    rendered = [e["key"] for e in run.rank_log() if e["status"] == "rendered"]
+    assert sorted(rendered) == keys, "every image rendered exactly once"
+    assert [m["key"] for m in run.manifest()] == keys
+    assert not list(run.output.rglob(".*.tmp")), "no temp files left"
+
+
+def max_pixel_diff(a: Run, b: Run) -> int:
+    worst = 0
+    for name in a.images():
+        x = np.asarray(Image.open(a.output / "images" / name), dtype=np.int16)
+        y = np.asarray(Image.open(b.output / "images" / name), dtype=np.int16)
+        worst = max(worst, int(np.abs(x - y).max()))
+    return worst
+
+
+KEYS = ["00000-000", "00001-000", "00002-000"]
+
+
+def test_reference_layout(reference: Run) -> None:
+    assert_each_image_once(reference, KEYS)
+    job = json.loads((reference.output / "job.json").read_text())
+    assert job["world"] == {"worldSize": 1, "groupSize": 1, "dataParallelDegree": 1,
+                            "nodes": 1, "processesPerNode": 1}
+    assert set(job["versions"]) == {"python", "torch", "diffusers", "transformers", "accelerate"}
+    assert reference.termination["completed"] == 3
+    lines = [line for line in reference.stdout.splitlines() if line.startswith("MURALIST_PROGRESS ")]
+    assert len(lines) == 3 and json.loads(lines[-1].split(" ", 1)[1])["completed"] == 3
+    assert "00002-000.png" in (reference.output / "index.html").read_text()
+
+
+def test_data_parallel_two_processes_match_one(tmp_path: Path, runtime_env, reference: Run) -> None:
+    # 3 prompts on 2 ranks: 2 + 1, each exactly once, byte-identical PNGs.
+    from tests.unit.test_runtime_progress import FakeApiServer, env_for
+
+    api = FakeApiServer()  # live progress: every rank patches the ConfigMap
+    out = tmp_path / "dp2"
+    try:
+        run = torchrun(runtime_spec_json(make_job().processes(2).obj(), out), out, runtime_env,
+                       2, extra_env={**env_for(api), "MURALIST_ATTEMPT": "1"})
+    finally:
+        api.close()
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_each_image_once(run, KEYS)
+    assert {e["rank"] for e in run.rank_log()} == {0, 1}
+    assert run.images() == reference.images()
+    final = {}
+    for req in api.requests:
+        for key, value in req["body"]["data"].items():
+            final[key] = json.loads(value)
+    assert {k: (v["attempt"], v["completed"], v["total"]) for k, v in final.items()} == {
+        "rank-0": (1, 2, 2), "rank-1": (1, 1, 1)}
+
+
+def test_two_nodes_one_process_each(tmp_path: Path, runtime_env, reference: Run) -> None:
+    out = tmp_path / "nodes2"
+    run = torchrun(runtime_spec_json(make_job().processes(1, nodes=2).obj(), out), out,
+                   runtime_env, nproc=1, nnodes=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_each_image_once(run, KEYS)
+    assert json.loads((out / "job.json").read_text())["world"]["nodes"] == 2
+    assert run.images() == reference.images()
+
+
+def test_killed_rank_then_resume_renders_only_missing(tmp_path: Path, runtime_env,
+                                                      reference: Run) -> None:
+    out = tmp_path / "resume"
+    spec = runtime_spec_json(make_job().processes(2).obj(), out)
+    # Rank 0 (images 0 and 1) dies right after writing its first image.
+    first = torchrun(spec, out, runtime_env, 2, extra_env={"MURALIST_TEST_EXIT_AFTER": "1"})
+    assert first.returncode != 0
+    done_first = {e["key"] for e in first.rank_log() if e["status"] == "rendered"}
+    assert "00000-000" in done_first and "00001-000" not in done_first
+    (out / "images" / ".00001-000.png.999.tmp").write_bytes(b"partial")  # a killed write
+
+    second = torchrun(spec, out, runtime_env, 2)
+    assert second.returncode == 0, second.stderr[-3000:]
+    log = second.rank_log()
+    rendered = [e["key"] for e in log if e["status"] == "rendered"]
+    assert sorted(rendered) == KEYS, "across both attempts, each image rendered once"
+    skipped = {e["key"] for e in log if e["status"] == "skipped"}
+    assert skipped == done_first
+    assert_each_image_once(second, KEYS)
+    assert second.images() == reference.images()
+
+
+def test_context_parallel_ulysses_2(tmp_path: Path, runtime_env, reference: Run) -> None:
+    out = tmp_path / "cp"
+    job = make_job().processes(2).context_parallel(ulysses=2).obj()
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_each_image_once(run, KEYS)
+    assert {e["rank"] for e in run.rank_log()} == {0}, "only the group's first rank writes"
+    assert max_pixel_diff(run, reference) <= 1
+
+
+def on_gpu_nodes(builder):
+    """A layout admission accepts (2 GPUs per pod), started on this GPU-less machine."""
+    builder.doc["parallelism"].update(gpusPerNode=2, processesPerNode=2)
+    return builder.obj()
+
+
+def test_context_parallel_two_groups_of_two(tmp_path: Path, runtime_env, reference: Run) -> None:
+    # World 4 = DP 2 x Ulysses 2: a (dp, ring, ulysses) mesh, each group's sub-mesh to diffusers.
+    out = tmp_path / "cp4"
+    job = make_job().processes(4).context_parallel(ulysses=2).obj()
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 4)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_each_image_once(run, KEYS)
+    assert {e["rank"] for e in run.rank_log()} == {0, 2}, "the first rank of each group writes"
+    assert json.loads((out / "job.json").read_text())["world"]["dataParallelDegree"] == 2
+    assert max_pixel_diff(run, reference) <= 1
+
+
+@pytest.mark.parametrize(
+    ("job", "field"),
+    [
+        (on_gpu_nodes(make_job().tensor_parallel(2)), "spec.parallelism.gpusPerNode"),
+        (on_gpu_nodes(make_job().context_parallel(ring=2, backend="flash")),
+         "spec.parallelism.contextParallel.attentionBackend"),
+    ],
+    ids=["tensor-parallel-on-cpu", "ring-attention-on-cpu"],
+)
+def test_permanent_failures_exit_78(tmp_path: Path, runtime_env, tiny_model, job, field) -> None:
+    out = tmp_path / "bad"
+    # Admission accepts these; only the runtime, on the machine, can see that they cannot run.
+    start = time.monotonic()
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2, timeout=120)
+    assert run.returncode != 0
+    # torchrun reports the first failed worker and stops the other one (if still running).
+    assert f"exitcode  : {PERMANENT_FAILURE_EXIT_CODE}" in run.stderr
+    assert f"muralist: {field}:" in run.stderr
+    assert run.termination["permanent"] is True
+    assert run.termination["exitCode"] == PERMANENT_FAILURE_EXIT_CODE
+    assert run.termination["message"].startswith(field)
+    assert time.monotonic() - start < 100, "no rank waits on a collective"
+
+
+def test_muralist_run_with_accelerate_launcher(tmp_path: Path, runtime_env, reference: Run) -> None:
+    import yaml
+
+    job = make_job().processes(2).launcher("accelerate").obj()
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump({"apiVersion": "muralist.dev/v1alpha1",
+                                        "kind": "DiffusionJob", "metadata": {"name": "acc"},
+                                        "spec": job}))
+    out = tmp_path / "acc"
+    proc = subprocess.run([sys.executable, "-m", "muralist_cli", "run", str(manifest),
+                           "--output", str(out)], env=runtime_env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = Run(0, proc.stdout, proc.stderr, out)
+    assert_each_image_once(run, KEYS)
+    assert {e["rank"] for e in run.rank_log()} == {0, 1}
+    assert run.images() == reference.images()
+    assert f"gallery: {out / 'index.html'}" in proc.stdout
+
+
+def test_quickstart_example(tmp_path: Path, runtime_env, tiny_model) -> None:
+    out = tmp_path / "quickstart"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "muralist_cli", "run",
+                           str(REPO / "examples" / "quickstart-cpu.yaml"), "--output", str(out)],
+                          env=runtime_env, capture_output=True, text=True, timeout=240)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list((out / "images").glob("*.png"))) == 16
+    assert len((out / "manifest.jsonl").read_text().splitlines()) == 16
+    assert (out / "index.html").exists()
+    print(f"quickstart: {elapsed:.1f}s")
+    assert elapsed < 60

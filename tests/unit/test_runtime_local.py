@@ -1,0 +1,106 @@
+"""`muralist run`: manifest checks, runtime spec, the launcher contract, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from muralist_runtime import local
+from muralist_runtime.spec import RuntimeSpec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def args(manifest: Path, **kw) -> argparse.Namespace:
+    return argparse.Namespace(manifest=str(manifest), output=kw.get("output"),
+                              model=kw.get("model"), prompts_file=kw.get("prompts_file"))
+
+
+def write(tmp_path: Path, spec: dict) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "muralist.dev/v1alpha1", "kind": "DiffusionJob",
+                                    "metadata": {"name": "j"}, "spec": spec}))
+    return path
+
+
+def test_invalid_manifest_prints_every_problem(tmp_path: Path, capsys) -> None:
+    path = write(tmp_path, {"model": {"name": "m"}, "prompts": ["a"],
+                            "generation": {"stepz": 3, "height": 30}})
+    assert local.run_local(args(path)) == 1
+    err = capsys.readouterr().err
+    assert "spec.generation.stepz: unknown field" in err
+    assert "spec.generation.height" in err
+    assert "Traceback" not in err
+
+
+def test_prompts_from_needs_a_prompts_file(tmp_path: Path, capsys) -> None:
+    path = write(tmp_path, {"model": {"name": "m"},
+                            "promptsFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}})
+    assert local.run_local(args(path)) == 1
+    assert "--prompts-file" in capsys.readouterr().err
+
+
+def test_runtime_spec_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = local.load_job(str(REPO / "examples" / "quickstart-cpu.yaml"))
+    spec = local.runtime_spec(job, None, "model-dir", None)
+    assert spec.output_dir == str(tmp_path / "muralist-output" / "quickstart")
+    assert spec.model_path == str(tmp_path / "model-dir")
+    # What the runtime reads back.
+    assert RuntimeSpec.model_validate_json(spec.model_dump_json(by_alias=True)) == spec
+
+
+def test_quickstart_example_is_a_small_cpu_job() -> None:
+    job = local.load_job(str(REPO / "examples" / "quickstart-cpu.yaml"))
+    par = job.spec.parallelism
+    assert (job.spec.model.name, par.strategy, par.gpus_per_node, par.world_size) == (
+        "muralist/tiny-flux", "DataParallel", 0, 2)
+    assert job.total_images == 16
+
+
+def spec_for(parallelism: dict) -> RuntimeSpec:
+    return RuntimeSpec.model_validate({"name": "j", "outputDir": "/o", "spec": {
+        "model": {"name": "m"}, "prompts": ["a"], "parallelism": parallelism}})
+
+
+def test_torchrun_agents_use_only_pet_variables() -> None:
+    cmds = local.agent_commands(spec_for({"nodes": 2, "gpusPerNode": 0, "processesPerNode": 3}),
+                                "/s.json", 12345)
+    assert len(cmds) == 2
+    for node, (argv, env) in enumerate(cmds):
+        assert argv[1:] == ["-m", "torch.distributed.run", "-m", "muralist_runtime",
+                            "--spec", "/s.json"]
+        assert env == {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "3", "PET_NODE_RANK": str(node),
+                       "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": "12345"}
+
+
+def test_accelerate_on_cpu_uses_multi_gpu_for_several_processes() -> None:
+    (argv, _env), = local.agent_commands(
+        spec_for({"gpusPerNode": 0, "processesPerNode": 2, "launcher": "accelerate"}), "/s", 1)
+    assert argv[1:3] == ["-m", "accelerate.commands.launch"]
+    # accelerate starts one process on CPU without --multi_gpu, and refuses it with --cpu.
+    assert "--multi_gpu" in argv and "--cpu" not in argv
+    assert argv[argv.index("--num_processes") + 1] == "2"
+    assert argv[-4:] == ["-m", "muralist_runtime", "--spec", "/s"]
+    (one, _env), = local.agent_commands(
+        spec_for({"gpusPerNode": 0, "processesPerNode": 1, "launcher": "accelerate"}), "/s", 1)
+    assert "--cpu" in one and "--multi_gpu" not in one
+
+
+@pytest.mark.parametrize(
+    ("codes", "doc", "expected"),
+    [
+        ([0], {"permanent": False}, 0),
+        ([1, 0], {"permanent": True, "exitCode": 78}, 78),
+        ([0, 1], {"permanent": False, "exitCode": 1}, 1),
+        ([1], None, 1),
+    ],
+)
+def test_exit_code_from_termination_message(tmp_path: Path, codes, doc, expected) -> None:
+    path = tmp_path / "t"
+    if doc is not None:
+        path.write_text(json.dumps(doc))
+    assert local._verdict(codes, path) == expected
