@@ -34,15 +34,8 @@ _PPN = (
 _CP_DEGREE = "(self.contextParallel.ringDegree * self.contextParallel.ulyssesDegree)"
 
 
-def _rule(
-    rule: str, message: str, *, message_expression: str | None = None, reason: str | None = None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"rule": rule, "message": message}
-    if message_expression:
-        out["messageExpression"] = message_expression
-    if reason:
-        out["reason"] = reason
-    return out
+def _rule(rule: str, message: str) -> dict[str, Any]:
+    return {"rule": rule, "message": message}
 
 
 def _immutable(field: str) -> dict[str, Any]:
@@ -57,21 +50,12 @@ def _immutable(field: str) -> dict[str, Any]:
 CEL_RULES: dict[str, list[dict[str, Any]]] = {
     "": [
         _rule(
-            "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-            "metadata.name must be a DNS label (lowercase letters, digits, '-', starting with a "
-            "letter): it names the headless Service and pod hostnames",
-        ),
-        _rule(
             f"size(self.metadata.name) + 1 + size(string(self.spec.parallelism.nodes - 1)) <= {DNS_LABEL_MAX}",
             f"metadata.name is too long: pod hostname <name>-<index> must fit in {DNS_LABEL_MAX} "
             "characters; shorten the name",
         ),
     ],
     "spec": [
-        _rule(
-            "(has(self.prompts) && size(self.prompts) > 0) || has(self.promptsFrom)",
-            "spec.prompts: no prompts; add at least one to prompts or set promptsFrom",
-        ),
         _rule(
             "!(self.parallelism.strategy in ['ContextParallel', 'TensorParallel']) || self.generation.batchSize == 1",
             "spec.generation.batchSize: a ContextParallel or TensorParallel group renders one "
@@ -86,7 +70,6 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
         f"spec.{f}": [_immutable(f)]
         for f in (
             "model",
-            "prompts",
             "promptsFrom",
             "generation",
             "parallelism",
@@ -136,11 +119,6 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
             f"self.strategy != 'ContextParallel' || !has(self.contextParallel) || {_PPN} % {_CP_DEGREE} == 0",
             "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must divide "
             "processesPerNode (a group stays inside one pod)",
-            message_expression=(
-                f"'spec.parallelism.contextParallel: ringDegree x ulyssesDegree = ' + string({_CP_DEGREE}) "
-                f"+ ' must divide processesPerNode = ' + string({_PPN}) + "
-                "' (a group stays inside one pod); change the degrees or processesPerNode'"
-            ),
         ),
         _rule(
             "self.strategy != 'TensorParallel' || "
@@ -247,18 +225,19 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
 
 
 class _FactoryDefaults(GenerateJsonSchema):
-    """Fields with a default_factory get an empty default ({} or []), so the API server also
-    fills in the defaults of their own fields: `kubectl get dj -o yaml` shows the resolved spec."""
+    """Fields with a default_factory get that default written out in full, so `kubectl get dj
+    -o yaml` shows the resolved spec, and CEL rules (which the API server also checks against
+    defaults) always find the fields they read."""
 
     def get_default_value(self, schema: Any) -> Any:
         factory = schema.get("default_factory")
         if factory is None:
             return super().get_default_value(schema)
         value = factory()
-        if isinstance(value, BaseModel | dict):
-            return {}
-        if isinstance(value, list):
-            return []
+        if isinstance(value, BaseModel):
+            return value.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if isinstance(value, dict | list):
+            return value
         return NoDefault
 
 
@@ -286,7 +265,16 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "muralist.dev/v1alpha1"},
             "kind": {"type": "string", "description": "DiffusionJob"},
-            "metadata": {"type": "object"},
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {
+                        "type": "string",
+                        "description": "A DNS label; <name>-<index> must fit in 63 characters.",
+                        "maxLength": DNS_LABEL_MAX,
+                    }
+                },
+            },
             "spec": spec,
             "status": status,
         },

@@ -119,28 +119,24 @@ class Reconciler:
         new_status = decision.status.wire()
         if new_status != raw_status:
             self.kube.patch_status(key[0], key[1], new_status)
-        if job is not None:
-            self._act(job, body, decision)
+        suppressed = self._act(job, body, decision) if job is not None else set()
         for event in decision.events:
+            if event.reason in suppressed:
+                continue
             self.kube.post_event(body, event.type, event.reason, event.message)
         if decision.status.restarts > status.restarts:
             reason = decision.events[-1].reason if decision.events else "Unknown"
             metrics.RESTARTS.labels(reason=reason).inc()
         self._track(key, job, decision)
 
-    def _act(self, job: DiffusionJob, owner: dict[str, Any], decision: Decision) -> None:
+    def _act(self, job: DiffusionJob, owner: dict[str, Any], decision: Decision) -> set[str]:
+        """Carry out the actions; returns the event reasons that did not happen after all."""
         ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+        suppressed: set[str] = set()
         for action in decision.actions:
             if isinstance(action, CreateJob):
-                key = (ns, name)
-                attempt, when = self.created.get(key, (-1, 0.0))
-                if attempt == action.attempt and time.monotonic() - when < CREATE_GRACE_SECONDS:
-                    continue
-                self.created[key] = (action.attempt, time.monotonic())
-                children = render_children(job, ns, self.settings, attempt=action.attempt,
-                                           active_deadline_seconds=action.active_deadline_seconds)
-                for child in children.all():
-                    self.kube.create(child, owner)
+                if not self._create_children(job, owner, action):
+                    suppressed.add("JobCreated")
             elif isinstance(action, DeleteJob):
                 log.info("deleting Job %s/%s: %s", ns, name, action.reason)
                 self.kube.delete_job(ns, name)
@@ -149,6 +145,23 @@ class Reconciler:
             elif isinstance(action, DeleteSelf):
                 log.info("deleting DiffusionJob %s/%s: %s", ns, name, action.reason)
                 self.kube.delete_diffusion_job(ns, name)
+        return suppressed
+
+    def _create_children(self, job: DiffusionJob, owner: dict[str, Any], action: CreateJob) -> bool:
+        """True when this call created the Job (not a repeat while the index catches up)."""
+        key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
+        attempt, when = self.created.get(key, (-1, 0.0))
+        if attempt == action.attempt and time.monotonic() - when < CREATE_GRACE_SECONDS:
+            return False
+        self.created[key] = (action.attempt, time.monotonic())
+        children = render_children(
+            job, key[0], self.settings, attempt=action.attempt, active_deadline_seconds=action.active_deadline_seconds
+        )
+        created_job = False
+        for child in children.all():
+            created = self.kube.create(child, owner)
+            created_job = created_job or (created and child["kind"] == "Job")
+        return created_job
 
     def _track(self, key: Key, job: DiffusionJob | None, decision: Decision) -> None:
         phase = decision.status.phase

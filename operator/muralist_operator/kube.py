@@ -37,8 +37,12 @@ class Kube:
     @classmethod
     def connect(cls) -> Kube:
         api = client.ApiClient()
-        return cls(client.CoreV1Api(api), client.BatchV1Api(api), client.RbacAuthorizationV1Api(api),
-                   client.CustomObjectsApi(api))
+        return cls(
+            client.CoreV1Api(api),
+            client.BatchV1Api(api),
+            client.RbacAuthorizationV1Api(api),
+            client.CustomObjectsApi(api),
+        )
 
     # -- the DiffusionJob itself
 
@@ -51,12 +55,19 @@ class Kube:
             raise
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": status})
 
     def delete_diffusion_job(self, namespace: str, name: str) -> None:
-        self._ignore(404, self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
-                     propagation_policy="Background")
+        self._ignore(
+            404,
+            self.custom.delete_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            propagation_policy="Background",
+        )
 
     # -- children
 
@@ -97,8 +108,13 @@ class Kube:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "involvedObject": {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
             "type": type_,
             "reason": reason,
             "message": message[:1024],

@@ -121,21 +121,35 @@ class _Transition:
             self.event("Warning" if warning else "Normal", reason, st.message)
 
     def condition(self, type_: str, value: bool, reason: str, message: str) -> None:
-        set_condition(self.status.conditions, type_, value, reason, message, self.now,
-                      self.status.observed_generation)
+        set_condition(self.status.conditions, type_, value, reason, message, self.now, self.status.observed_generation)
 
 
 def _find(conditions: list[Condition], type_: str) -> Condition | None:
     return next((c for c in conditions if c.type == type_), None)
 
 
-def set_condition(conditions: list[Condition], type_: str, value: bool, reason: str, message: str,
-                  now: datetime, generation: int | None) -> None:
+def set_condition(
+    conditions: list[Condition],
+    type_: str,
+    value: bool,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
+) -> None:
     status = "True" if value else "False"
     existing = _find(conditions, type_)
     if existing is None:
-        conditions.append(Condition(type=type_, status=status, reason=reason, message=message,
-                                    last_transition_time=iso(now), observed_generation=generation))
+        conditions.append(
+            Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=iso(now),
+                observed_generation=generation,
+            )
+        )
         conditions.sort(key=lambda c: CONDITION_TYPES.index(c.type) if c.type in CONDITION_TYPES else 99)
         return
     if existing.status != status:
@@ -176,7 +190,7 @@ def _stalled(job: DiffusionJob, observed: Observed, current: JobView, attempt: i
         if report is not None and report.attempt == attempt:
             if report.total and report.completed + report.skipped + report.failed >= report.total:
                 continue  # this rank is done: silence is expected
-            latest.append(max(parse_time(report.heartbeat_time) or started, started))
+            latest.append(max(parse_time(report.progress_time) or started, started))
         else:
             latest.append(started)
     if not latest:
@@ -189,24 +203,30 @@ def _restart_or_fail(t: _Transition, job: DiffusionJob, reason: str, message: st
     st = t.status
     if st.restarts < job.spec.run_policy.max_restarts:
         st.restarts += 1
-        t.phase(Phase.RESTARTING, reason,
-                f"{message}; restarting the pod group ({st.restarts}/{job.spec.run_policy.max_restarts})")
+        t.phase(
+            Phase.RESTARTING,
+            reason,
+            f"{message}; restarting the pod group ({st.restarts}/{job.spec.run_policy.max_restarts})",
+        )
         t.act(DeleteJob(reason))
     else:
-        t.phase(Phase.FAILED, REASON_MAX_RESTARTS,
-                f"{message}; gave up after {st.restarts} restarts (runPolicy.maxRestarts)")
+        t.phase(
+            Phase.FAILED,
+            REASON_MAX_RESTARTS,
+            f"{message}; gave up after {st.restarts} restarts (runPolicy.maxRestarts)",
+        )
         t.act(DeleteJob(REASON_MAX_RESTARTS))
 
 
-def decide_invalid(status: DiffusionJobStatus, generation: int | None, problems: list[str],
-                   now: datetime) -> Decision:
+def decide_invalid(status: DiffusionJobStatus, generation: int | None, problems: list[str], now: datetime) -> Decision:
     t = _Transition(status, generation, now)
     t.phase(Phase.FAILED, REASON_INVALID_SPEC, "; ".join(problems)[:2000])
     return t.decision
 
 
-def decide(job: DiffusionJob, status: DiffusionJobStatus, generation: int | None,
-           observed: Observed, now: datetime) -> Decision:
+def decide(
+    job: DiffusionJob, status: DiffusionJobStatus, generation: int | None, observed: Observed, now: datetime
+) -> Decision:
     t = _Transition(status, generation, now)
     st = t.status
     par, policy = job.spec.parallelism, job.spec.run_policy
@@ -242,6 +262,7 @@ def decide(job: DiffusionJob, status: DiffusionJobStatus, generation: int | None
             remaining = max(1, deadline - int((now - started).total_seconds())) if started else deadline
         t.act(CreateJob(attempt, remaining))
         t.condition("Created", True, "JobCreated", f"pod group {attempt} created")
+        t.event("Normal", "JobCreated", f"created pod group {attempt}: {par.nodes} pod(s), world size {par.world_size}")
         if st.phase == Phase.RESTARTING:
             return t.decision
         suspended = policy.suspend or bool(policy.queue_name)
@@ -267,8 +288,13 @@ def decide(job: DiffusionJob, status: DiffusionJobStatus, generation: int | None
             t.act(SetJobSuspend(False))
         if policy.suspend or (current.suspended and policy.queue_name):
             reason = "Suspended" if policy.suspend else "Queued"
-            t.phase(Phase.SUSPENDED, reason, "suspended by runPolicy.suspend" if policy.suspend
-                    else f"waiting for Kueue to admit it from queue {policy.queue_name}")
+            t.phase(
+                Phase.SUSPENDED,
+                reason,
+                "suspended by runPolicy.suspend"
+                if policy.suspend
+                else f"waiting for Kueue to admit it from queue {policy.queue_name}",
+            )
             return t.decision
 
     # 6. Outcomes.

@@ -45,8 +45,7 @@ def run_operator(args: argparse.Namespace) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     stop = threading.Event()
-    clock = threading.Thread(target=handlers.RECONCILER.run_clock, args=(stop,), name="muralist-clock",
-                             daemon=True)
+    clock = threading.Thread(target=handlers.RECONCILER.run_clock, args=(stop,), name="muralist-clock", daemon=True)
     clock.start()
     try:
         kopf.run(

@@ -77,7 +77,9 @@ class RankReport:
     skipped: int
     failed: int
     total: int
-    heartbeat_time: str | None
+    # The last sign of *progress* (a denoising step or an image written), not mere liveness:
+    # a rank stuck in a collective keeps its reporter thread alive but stops stepping.
+    progress_time: str | None
 
 
 @dataclass
@@ -154,7 +156,7 @@ def rank_reports(data: dict[str, str] | None) -> dict[str, RankReport]:
                 skipped=int(value.get("skipped", 0)),
                 failed=int(value.get("failed", 0)),
                 total=int(value.get("total", 0)),
-                heartbeat_time=value.get("heartbeatTime") or value.get("lastImageTime"),
+                progress_time=max(filter(None, (value.get("lastStepTime"), value.get("lastImageTime"))), default=None),
             )
         except (ValueError, TypeError, AttributeError):
             continue

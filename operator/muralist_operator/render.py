@@ -297,7 +297,7 @@ def _resources(job: DiffusionJob) -> dict[str, Any]:
     gpus = job.spec.parallelism.gpus_per_node
     if gpus > 0:
         limits = resources.setdefault("limits", {})
-        limits.setdefault(GPU_RESOURCE, gpus)
+        limits.setdefault(GPU_RESOURCE, str(gpus))  # a quantity: the API client wants a string
     return resources
 
 

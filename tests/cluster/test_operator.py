@@ -95,7 +95,7 @@ def test_creates_children_and_succeeds(dj: DJ, control_plane: Any) -> None:
                            "--for=condition=Complete", "dj/cats", "--timeout=10s"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert {"Pending", "Running", "Completed"} <= set(dj.events("cats"))
+    assert {"JobCreated", "Running", "Completed"} <= set(dj.events("cats"))
 
 
 def test_failed_pod_restarts_the_group(dj: DJ) -> None:

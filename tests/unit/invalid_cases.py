@@ -13,7 +13,7 @@ from tests.builders import make_job
 # (id, manifest, text the error must contain, checked by the API server too?)
 INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
     ("unknown-field", make_job().generation(stepz=3).obj(), "spec.generation.stepz", False),
-    ("no-prompts", make_job().prompts().obj(), "spec.prompts", True),
+    ("no-prompts", make_job().prompts().obj(), "spec.prompts", False),
     ("empty-prompt", make_job().prompts("ok", "  ").obj(), "spec.prompts", False),
     ("bad-dtype", make_job().set("spec.model.dtype", "float64").obj(), "spec.model.dtype", True),
     ("height-not-multiple-of-8", make_job().generation(height=100).obj(), "spec.generation.height", True),

@@ -44,7 +44,7 @@ def test_indexed_job_carries_the_torchrun_contract() -> None:
     container = pod["containers"][0]
     assert container["command"] == ["torchrun", "-m", "muralist_runtime", "--spec", "/etc/muralist/spec/spec.json"]
     assert container["image"] == SETTINGS.runtime_image
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": 4}}
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
 
 
 def test_headless_service_resolves_not_ready_pods() -> None:
