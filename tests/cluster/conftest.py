@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-
+from kubernetes import client
 from muralist_runtime.spec import GROUP, PLURAL, VERSION
+
 from tests.kube_helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,16 +35,20 @@ def crd(kube_api: Any) -> dict[str, Any]:
 
     wait_for(established, timeout=30, message="the DiffusionJob CRD to be established")
     # Discovery can lag behind Established: wait until the resource can be listed.
-    wait_for(lambda: client.CustomObjectsApi(kube_api).list_cluster_custom_object(GROUP, VERSION, PLURAL) is not None,
-             timeout=30, message="DiffusionJobs to be served")
+    wait_for(
+        lambda: client.CustomObjectsApi(kube_api).list_cluster_custom_object(GROUP, VERSION, PLURAL) is not None,
+        timeout=30,
+        message="DiffusionJobs to be served",
+    )
     return body
 
 
 class OperatorProcess:
     """`muralist operator` against the test control plane; can be killed and restarted."""
 
-    def __init__(self, kubeconfig: Path, log_dir: Path, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self, kubeconfig: Path, log_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None
+    ):
         self.kubeconfig, self.log_dir = kubeconfig, log_dir
         self.extra_args = extra_args or []
         self.env = env or {}
@@ -55,9 +60,23 @@ class OperatorProcess:
         log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115 (owned by the process)
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0", "--metrics-port", "0",
-             "--runtime-image", "muralist-runtime:test", *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "muralist_cli",
+                "operator",
+                "--health-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--runtime-image",
+                "muralist-runtime:test",
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
 
     def kill(self) -> None:
@@ -78,8 +97,9 @@ class OperatorProcess:
 
 
 @pytest.fixture(scope="session")
-def operator(control_plane: Any, crd: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
-             request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
+def operator(
+    control_plane: Any, crd: dict[str, Any], tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[OperatorProcess]:
     op = OperatorProcess(control_plane.kubeconfig, tmp_path_factory.mktemp("operator"))
     op.start()
     try:
@@ -88,3 +108,55 @@ def operator(control_plane: Any, crd: dict[str, Any], tmp_path_factory: pytest.T
         op.stop()
         if request.session.testsfailed:
             sys.stderr.write(f"\n--- operator log (last 200 lines) ---\n{''.join(op.logs().splitlines(True)[-200:])}\n")
+
+
+class DJ:
+    """Small client for DiffusionJobs and their children in one namespace."""
+
+    def __init__(self, api: Any, namespace: str):
+        self.ns = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, manifest)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+        return wait_for(
+            lambda: (s := self.status(name)).get("phase") == phase and s,
+            timeout=timeout,
+            message=f"{name} to reach {phase} (now {self.status(name).get('phase')})",
+        )
+
+    def pods(self, name: str, attempt: int | None = None) -> list[Any]:
+        selector = f"muralist.dev/job-name={name}"
+        if attempt is not None:
+            selector += f",muralist.dev/attempt={attempt}"
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+        return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+    def wait_pods(self, name: str, count: int, attempt: int = 0, phase: str = "Running") -> list[Any]:
+        return wait_for(
+            lambda: len(ps := [p for p in self.pods(name, attempt) if p.status.phase == phase]) == count and ps,
+            timeout=60,
+            message=f"{count} {phase} pods of {name} attempt {attempt}",
+        )
+
+    def events(self, name: str) -> list[str]:
+        items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        return [e.reason for e in items if e.involved_object.kind == "DiffusionJob"]
+
+
+@pytest.fixture
+def dj(kube_api: Any, namespace: str, operator: OperatorProcess) -> DJ:
+    return DJ(kube_api, namespace)

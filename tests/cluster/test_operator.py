@@ -8,69 +8,24 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
 from muralist_runtime.spec import GROUP, PLURAL, VERSION
+
 from tests.builders import make_job
+from tests.cluster.conftest import DJ
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
 from tests.unit.invalid_cases import INVALID_CASES
 
 pytestmark = pytest.mark.cluster
 
 
-class DJ:
-    """Small client for DiffusionJobs and their children in one namespace."""
-
-    def __init__(self, api: Any, namespace: str):
-        self.ns = namespace
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
-        self.batch = client.BatchV1Api(api)
-
-    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, manifest)
-
-    def get(self, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
-
-    def patch_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
-
-    def status(self, name: str) -> dict[str, Any]:
-        return self.get(name).get("status") or {}
-
-    def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
-        return wait_for(lambda: (s := self.status(name)).get("phase") == phase and s,
-                        timeout=timeout, message=f"{name} to reach {phase} (now {self.status(name).get('phase')})")
-
-    def pods(self, name: str, attempt: int | None = None) -> list[Any]:
-        selector = f"muralist.dev/job-name={name}"
-        if attempt is not None:
-            selector += f",muralist.dev/attempt={attempt}"
-        pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
-        return [p for p in pods if p.metadata.deletion_timestamp is None]
-
-    def wait_pods(self, name: str, count: int, attempt: int = 0, phase: str = "Running") -> list[Any]:
-        return wait_for(lambda: len(ps := [p for p in self.pods(name, attempt) if p.status.phase == phase]) == count
-                        and ps, timeout=60, message=f"{count} {phase} pods of {name} attempt {attempt}")
-
-    def events(self, name: str) -> list[str]:
-        items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
-        return [e.reason for e in items if e.involved_object.kind == "DiffusionJob"]
-
-
-@pytest.fixture
-def dj(kube_api: Any, namespace: str, operator: Any) -> DJ:
-    return DJ(kube_api, namespace)
-
-
 def running_job(name: str = "cats", nodes: int = 2, **annotations: str) -> Any:
-    return (make_job(name).world(nodes=nodes, gpus=1)
-            .pod_template(annotations=annotations or fate_annotations("run")))
+    return make_job(name).world(nodes=nodes, gpus=1).pod_template(annotations=annotations or fate_annotations("run"))
 
 
 def test_creates_children_and_succeeds(dj: DJ, control_plane: Any) -> None:
-    dj.create(make_job("cats").world(nodes=2, gpus=1).pod_template(
-        annotations=fate_annotations("succeed", after="2s")).obj())
+    dj.create(
+        make_job("cats").world(nodes=2, gpus=1).pod_template(annotations=fate_annotations("succeed", after="2s")).obj()
+    )
     job = wait_for(lambda: dj.batch.read_namespaced_job("cats", dj.ns), message="Job cats")
     owner = job.metadata.owner_references[0]
     assert (owner.kind, owner.name, owner.controller) == ("DiffusionJob", "cats", True)
@@ -91,9 +46,22 @@ def test_creates_children_and_succeeds(dj: DJ, control_plane: Any) -> None:
     conditions = {c["type"]: c["status"] for c in done["conditions"]}
     assert conditions["Complete"] == conditions["Ready"] == "True"
     kubectl = control_plane.bin_dir / "kubectl"
-    proc = subprocess.run([str(kubectl), "--kubeconfig", str(control_plane.kubeconfig), "-n", dj.ns, "wait",
-                           "--for=condition=Complete", "dj/cats", "--timeout=10s"],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [
+            str(kubectl),
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "-n",
+            dj.ns,
+            "wait",
+            "--for=condition=Complete",
+            "dj/cats",
+            "--timeout=10s",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert {"JobCreated", "Running", "Completed"} <= set(dj.events("cats"))
 
@@ -114,8 +82,13 @@ def test_failed_pod_restarts_the_group(dj: DJ) -> None:
 
 
 def test_failures_beyond_max_restarts_fail(dj: DJ) -> None:
-    dj.create(make_job("cats").world(nodes=1, gpus=1).run_policy(maxRestarts=1).pod_template(
-        annotations=fate_annotations("fail", exit_code=2, message="out of memory", after="200ms")).obj())
+    dj.create(
+        make_job("cats")
+        .world(nodes=1, gpus=1)
+        .run_policy(maxRestarts=1)
+        .pod_template(annotations=fate_annotations("fail", exit_code=2, message="out of memory", after="200ms"))
+        .obj()
+    )
     failed = dj.wait_phase("cats", "Failed", timeout=90)
     assert failed["restarts"] == 1
     assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["MaxRestartsExceeded"]
@@ -124,8 +97,12 @@ def test_failures_beyond_max_restarts_fail(dj: DJ) -> None:
 
 def test_permanent_runtime_error_fails_at_once(dj: DJ) -> None:
     message = '{"permanent": true, "message": "FluxTransformer2DModel has no _tp_plan"}'
-    dj.create(make_job("cats").world(nodes=1, gpus=1).pod_template(
-        annotations=fate_annotations("fail", exit_code=1, message=message, after="200ms")).obj())
+    dj.create(
+        make_job("cats")
+        .world(nodes=1, gpus=1)
+        .pod_template(annotations=fate_annotations("fail", exit_code=1, message=message, after="200ms"))
+        .obj()
+    )
     failed = dj.wait_phase("cats", "Failed")
     assert failed["restarts"] == 0
     assert "no _tp_plan" in failed["message"] and "permanent" in failed["message"]
@@ -173,8 +150,12 @@ def test_deleting_the_job_collects_its_children(dj: DJ) -> None:
 
 
 def test_ttl_deletes_the_finished_job(dj: DJ) -> None:
-    dj.create(make_job("cats").run_policy(ttlSecondsAfterFinished=1).pod_template(
-        annotations=fate_annotations("succeed", after="100ms")).obj())
+    dj.create(
+        make_job("cats")
+        .run_policy(ttlSecondsAfterFinished=1)
+        .pod_template(annotations=fate_annotations("succeed", after="100ms"))
+        .obj()
+    )
 
     def deleted() -> bool:
         try:
@@ -216,8 +197,9 @@ API_CASES = [(cid, m, field) for cid, m, field, by_api in INVALID_CASES if by_ap
 
 
 @pytest.mark.parametrize(("manifest", "field"), [(m, f) for _, m, f in API_CASES], ids=[c[0] for c in API_CASES])
-def test_api_server_refuses_what_validate_refuses(kube_api: Any, crd: Any, namespace: str, manifest: dict,
-                                                  field: str) -> None:
+def test_api_server_refuses_what_validate_refuses(
+    kube_api: Any, crd: Any, namespace: str, manifest: dict, field: str
+) -> None:
     custom = client.CustomObjectsApi(kube_api)
     with pytest.raises(ApiException) as err:
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)

@@ -28,7 +28,7 @@ def run_cli(*args: str, stdin: str = "") -> tuple[int, str, str]:
 
 
 def test_every_example_is_valid() -> None:
-    assert len(EXAMPLES) >= 6
+    assert len(EXAMPLES) >= 7
     code, out, err = run_cli("validate", *map(str, EXAMPLES))
     assert (code, err) == (0, "")
     assert len(out.splitlines()) == len(EXAMPLES)

@@ -1,0 +1,259 @@
+"""The Helm chart: lint, rendering per values set, acceptance by a real API server, and the
+operator running with exactly the chart's RBAC (a token of the chart's ServiceAccount)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from muralist_runtime.spec import GROUP, PLURAL, VERSION
+from tests.builders import make_job
+from tests.chart.conftest import CHART, REPO, dump, kinds, one, render, run
+from tests.cluster.conftest import OperatorProcess
+from tests.kube_helpers import wait_for
+
+SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+# The values sets every rendering test runs with.
+VALUES_SETS: dict[str, dict[str, Any]] = {
+    "cluster-wide": {},
+    "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
+    "replicas-2": {"replicas": 2},
+    "namespaced-replicas-2": {"replicas": 2, "watchNamespaces": ["team-a", "team-b"]},
+    "metrics-servicemonitor": {"metrics": {"enabled": True, "port": 9090,
+                                           "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+                               "logFormat": "json", "runtime": {"image": "registry.example.com/rt:0.1.0"}},
+}
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+# -- pure: helm only
+
+
+@pytest.mark.parametrize("values", VALUES_SETS.values(), ids=VALUES_SETS.keys())
+def test_lint_strict(helm: str, values: dict[str, Any]) -> None:
+    from tests.chart.conftest import set_args
+
+    run(helm, "lint", "--strict", str(CHART), *set_args(values))
+
+
+def test_chart_crd_is_identical_to_generated_crd() -> None:
+    name = "muralist.dev_diffusionjobs.yaml"
+    assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), (
+        f"charts/muralist/crds/{name} differs from crds/{name}: cp crds/{name} charts/muralist/crds/")
+
+
+def test_default_is_cluster_wide_and_restricted(helm: str) -> None:
+    docs = render(helm)
+    assert sorted(kinds(docs)) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    c = container(docs)
+    assert c["args"] == ["operator", "--health-port", "8080", "--metrics-port", "9090", "--log-format", "plain"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "metrics": 9090}
+    assert c["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                                    "capabilities": {"drop": ["ALL"]}}
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+
+
+def test_namespaced_mode_grants_a_role_per_namespace(helm: str) -> None:
+    docs = render(helm, VALUES_SETS["namespaced"])
+    for ns in ("team-a", "team-b"):
+        role = one(docs, "Role", ns)
+        binding = one(docs, "RoleBinding", ns)
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"][0]["namespace"] == "muralist-system"
+    # Only the small discovery ClusterRole stays cluster-wide: CRDs and namespaces, read-only.
+    cluster_role = one(docs, "ClusterRole")
+    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {"customresourcedefinitions",
+                                                                                "namespaces"}
+    assert {v for rule in cluster_role["rules"] for v in rule["verbs"]} == {"list", "watch"}
+    assert container(docs)["args"][:5] == ["operator", "--namespace", "team-a", "--namespace", "team-b"]
+
+
+def test_no_wildcards_in_rbac(helm: str) -> None:
+    for values in VALUES_SETS.values():
+        for doc in render(helm, values):
+            for rule in doc.get("rules", []):
+                assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+
+
+@pytest.mark.parametrize("namespaced", [False, True], ids=["cluster-wide", "namespaced"])
+def test_replicas_add_peering_and_pdb(helm: str, namespaced: bool) -> None:
+    values: dict[str, Any] = {"replicas": 2, **({"watchNamespaces": ["team-a", "team-b"]} if namespaced else {})}
+    docs = render(helm, values)
+    args = container(docs)["args"]
+    assert args[args.index("--peering") + 1] == "muralist"
+    assert one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    if namespaced:
+        peerings = [d for d in docs if d["kind"] == "KopfPeering"]
+        assert sorted(d["metadata"]["namespace"] for d in peerings) == ["team-a", "team-b"]
+        assert all("kopfpeerings" in r["resources"] for ns in ("team-a", "team-b")
+                   for r in one(docs, "Role", ns)["rules"][-1:])
+    else:
+        assert one(docs, "ClusterKopfPeering")["metadata"]["name"] == "muralist"
+    assert "--peering" not in container(render(helm))["args"]
+
+
+def test_service_monitor_only_when_the_api_is_served(helm: str) -> None:
+    values = VALUES_SETS["metrics-servicemonitor"]
+    assert "ServiceMonitor" not in kinds(render(helm, values))
+    docs = render(helm, values, extra=["--api-versions", SERVICE_MONITOR_API])
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    args = container(docs)["args"]
+    assert args[args.index("--runtime-image") + 1] == "registry.example.com/rt:0.1.0"
+    assert args[args.index("--log-format") + 1] == "json"
+
+
+def test_metrics_off(helm: str) -> None:
+    docs = render(helm, {"metrics": {"enabled": False}})
+    assert "Service" not in kinds(docs)
+    args = container(docs)["args"]
+    assert args[args.index("--metrics-port") + 1] == "0"
+
+
+@pytest.mark.parametrize(("values", "error"), [
+    ({"replicas": "two"}, "/replicas"),
+    ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
+    ({"logFormat": "xml"}, "/logFormat"),
+    ({"runtimeImage": "x"}, "runtimeImage"),
+    ({"metrics": {"port": 70000}}, "/metrics/port"),
+])
+def test_schema_refuses_bad_values(helm: str, values: dict[str, Any], error: str) -> None:
+    from tests.chart.conftest import set_args
+
+    proc = subprocess.run([helm, "template", "m", str(CHART), *set_args(values)], capture_output=True, text=True)
+    assert proc.returncode != 0 and error in proc.stderr, proc.stderr
+
+
+# -- against the real API server
+
+
+@pytest.mark.cluster
+def test_notes_tell_how_to_submit_a_first_job(control_plane: Any, helm: str) -> None:
+    # helm renders NOTES.txt only on install, which asks the cluster for its version.
+    out = run(helm, "install", "muralist", str(CHART), "--dry-run=client", "-n", "muralist-system",
+              "--kubeconfig", str(control_plane.kubeconfig), "--set-json", 'watchNamespaces=["team-a"]')
+    notes = out.split("NOTES:", 1)[1]
+    assert "kubectl apply -n team-a -f examples/quickstart-cpu.yaml" in notes
+    assert "kubectl get dj -n team-a" in notes
+
+
+def kubectl(control_plane: Any, *args: str, stdin: str | None = None, kubeconfig: Path | None = None) -> str:
+    return run(str(control_plane.bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig or control_plane.kubeconfig),
+               *args, stdin=stdin)
+
+
+@pytest.fixture(scope="module")
+def crds(control_plane: Any) -> Iterator[None]:
+    """The chart's CRDs: DiffusionJob and kopf's peerings.
+
+    tests/cluster's session fixture `crd` *creates* the DiffusionJob CRD and fails if it
+    exists, so a DiffusionJob CRD created here is deleted again when this module is done.
+    """
+    name = "crd/diffusionjobs.muralist.dev"
+    existed = subprocess.run([str(control_plane.bin_dir / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig),
+                              "get", name], capture_output=True).returncode == 0
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        kubectl(control_plane, "apply", "--server-side", "-f", str(path))
+    kubectl(control_plane, "wait", "--for=condition=Established", "--timeout=30s", name,
+            "crd/clusterkopfpeerings.kopf.dev", "crd/kopfpeerings.kopf.dev")
+    # Established can come before discovery serves the resource.
+    wait_for(lambda: subprocess.run([str(control_plane.bin_dir / "kubectl"), "--kubeconfig",
+                                     str(control_plane.kubeconfig), "get", "dj", "-A"],
+                                    capture_output=True).returncode == 0,
+             timeout=30, message="DiffusionJobs to be served")
+    yield
+    if not existed:
+        kubectl(control_plane, "delete", name, "--timeout=60s")
+
+
+@pytest.fixture
+def release_namespace(core_v1: Any) -> Iterator[str]:
+    name = f"muralist-{uuid.uuid4().hex[:8]}"
+    core_v1.create_namespace({"metadata": {"name": name, "labels": {"muralist.dev/test": "true"}}})
+    try:
+        yield name
+    finally:
+        core_v1.delete_namespace(name)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("values", VALUES_SETS.values(), ids=VALUES_SETS.keys())
+def test_server_side_dry_run_accepts_rendered_manifests(control_plane: Any, crds: None, helm: str,
+                                                         release_namespace: str, values: dict[str, Any]) -> None:
+    for ns in values.get("watchNamespaces", []):
+        subprocess.run([str(control_plane.bin_dir / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig),
+                        "create", "namespace", ns], capture_output=True)  # already there from another case: fine
+    # With the ServiceMonitor API announced, so that it renders; it cannot be dry-run here
+    # (no Prometheus Operator CRD in the test cluster), so only that object is left out.
+    docs = render(helm, values, namespace=release_namespace, extra=["--api-versions", SERVICE_MONITOR_API])
+    if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
+        assert "ServiceMonitor" in kinds(docs)
+    accepted = [d for d in docs if d["kind"] != "ServiceMonitor"]
+    out = kubectl(control_plane, "apply", "--dry-run=server", "-o", "name", "-f", "-", stdin=dump(accepted))
+    assert len(out.split()) == len(accepted), out
+
+
+def token_kubeconfig(control_plane: Any, account: str, namespace: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount (a bound token from TokenRequest)."""
+    token = kubectl(control_plane, "create", "token", account, "-n", namespace, "--duration", "1h").strip()
+    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    path.write_text(json.dumps({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": cluster}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": account, "namespace": namespace}}],
+        "current-context": "test",
+    }))
+    return path
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespaced"])
+def test_operator_works_with_exactly_the_chart_rbac(control_plane: Any, crds: None, kube_api: Any,
+                                                    helm: str, namespace: str, release_namespace: str, mode: str,
+                                                    tmp_path: Path) -> None:
+    from kubernetes import client
+
+    watched = [namespace] if mode == "namespaced" else []
+    release = f"m{uuid.uuid4().hex[:6]}"
+    docs = [d for d in render(helm, {"watchNamespaces": watched}, release=release, namespace=release_namespace)
+            if d["kind"] in RBAC_KINDS]
+    rbac = dump(docs)
+    kubectl(control_plane, "apply", "-f", "-", stdin=rbac)
+    account = one(docs, "ServiceAccount")["metadata"]["name"]
+    kubeconfig = token_kubeconfig(control_plane, account, release_namespace, tmp_path / "kubeconfig")
+    args = [arg for ns in watched for arg in ("--namespace", ns)]
+    operator = OperatorProcess(kubeconfig, tmp_path, extra_args=args)
+    operator.start()
+    try:
+        api = client.CustomObjectsApi(kube_api)
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, make_job("cats").obj())
+        wait_for(lambda: (api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "cats")
+                          .get("status", {}).get("phase") == "Succeeded"),
+                 timeout=90, message=f"DiffusionJob cats to succeed ({mode})")
+    finally:
+        operator.stop()
+        kubectl(control_plane, "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=rbac)
+    logs = operator.logs()
+    assert "403" not in logs and "Forbidden" not in logs, logs
