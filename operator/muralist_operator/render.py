@@ -7,6 +7,7 @@ result; `muralist render` prints it. Owner references are added by the operator 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from muralist_runtime.spec import (
     TINY_MODEL_NAMES,
     DiffusionJob,
     RuntimeSpec,
+    model_size_gib,
 )
 
 # The torchrun environment contract (torchrun reads PET_<FLAG> for each --flag).
@@ -49,6 +51,9 @@ RUNTIME_UID = 1000
 # A ConfigMap holds at most 1 MiB; leave room for metadata and the rest of the spec.
 CONFIGMAP_MAX_BYTES = 1_000_000
 GPU_RESOURCE = "nvidia.com/gpu"
+# Loading briefly needs more than the weights (a state dict and the module side by side).
+MEMORY_HEADROOM = 1.25
+PROCESS_OVERHEAD_GIB = 2
 
 
 class RenderError(ValueError):
@@ -292,12 +297,25 @@ def _volumes(job: DiffusionJob) -> tuple[list[dict[str, Any]], list[dict[str, An
     return volumes, mounts
 
 
+def memory_request(job: DiffusionJob) -> str | None:
+    """Host memory for one pod: every process holds the whole pipeline while it loads."""
+    size = model_size_gib(job.spec.model)
+    if size is None:
+        return None
+    processes = job.spec.parallelism.resolved_processes_per_node
+    return f"{math.ceil(processes * size * MEMORY_HEADROOM + PROCESS_OVERHEAD_GIB * processes)}Gi"
+
+
 def _resources(job: DiffusionJob) -> dict[str, Any]:
     resources = json.loads(json.dumps(job.spec.resources))  # deep copy, JSON-only values
     gpus = job.spec.parallelism.gpus_per_node
     if gpus > 0:
         limits = resources.setdefault("limits", {})
         limits.setdefault(GPU_RESOURCE, str(gpus))  # a quantity: the API client wants a string
+    memory = memory_request(job)
+    user_set = "memory" in resources.get("requests", {}) or "memory" in resources.get("limits", {})
+    if memory and not user_set:
+        resources.setdefault("requests", {})["memory"] = memory
     return resources
 
 

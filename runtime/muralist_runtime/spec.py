@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -103,6 +104,21 @@ class ConfigMapKeyRef(ApiModel):
     key: str = Field(min_length=1, description="Key inside the ConfigMap; one prompt per line.")
 
 
+class ModelLoading(ApiModel):
+    stage: bool = Field(
+        False,
+        description="Copy the model directory (a local path, or the hub snapshot once "
+        "downloaded) to node-local disk (MURALIST_STAGE_DIR, an emptyDir) before loading, once "
+        "per node; later restarts on that node skip the copy. Helps when the cache is a slow "
+        "network volume read by several processes.",
+    )
+    no_mmap: bool = Field(
+        False,
+        description="Read safetensors files whole instead of memory-mapping them (diffusers "
+        "disable_mmap); faster on network filesystems where mmap page faults are slow.",
+    )
+
+
 class ModelSpec(ApiModel):
     name: str = Field(
         min_length=1,
@@ -129,6 +145,9 @@ class ModelSpec(ApiModel):
         None,
         description="A Kubernetes VolumeSource mounted as the Hugging Face cache (HF_HOME), "
         "e.g. {persistentVolumeClaim: {claimName: hf-cache}}.",
+    )
+    loading: ModelLoading | None = Field(
+        None, description="How the weights are read at start (node-local staging, mmap)."
     )
 
 
@@ -162,6 +181,12 @@ class Generation(ApiModel):
     extra_args: KubeObject = Field(
         default_factory=dict,
         description="Free-form keyword arguments passed to the pipeline call.",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile the transformer's repeated blocks (regional compile) and "
+        "warm up once before timing; GPU only (ignored with a log line on CPU). Pays minutes of "
+        "compile time at start for faster steps; worth it for long jobs at one resolution.",
     )
 
 
@@ -222,6 +247,12 @@ class Parallelism(ApiModel):
         ge=10,
         description="Timeout of one collective (rendezvous excluded): a dead or stuck rank "
         "fails its group after this instead of holding the GPUs.",
+    )
+    verify: bool = Field(
+        False,
+        description="Consistency canary for ContextParallel / TensorParallel: before the job, "
+        "each group renders the first image (at most 2 steps) in its parallel layout and on one "
+        "rank, and the run fails permanently when they differ beyond rounding.",
     )
 
     @property
@@ -332,7 +363,7 @@ class RunPolicy(ApiModel):
     )
     stall_timeout_seconds: int | None = Field(
         None,
-        ge=30,
+        ge=10,
         description="Restart the group (reason Stalled) when no progress is reported for this long.",
     )
 
@@ -461,7 +492,97 @@ def spec_problems(spec: DiffusionJobSpec) -> list[tuple[str, str]]:
             f"is {spec.generation.batch_size}, but a {par.strategy} group renders one image at "
             "a time (batched context parallelism is broken in several models); set batchSize: 1",
         )
+    if par.strategy in (Strategy.CONTEXT_PARALLEL, Strategy.TENSOR_PARALLEL):
+        layout = known_layout(spec.model)
+        supported = layout and (
+            layout.context_parallel if par.strategy == Strategy.CONTEXT_PARALLEL else layout.tensor_parallel
+        )
+        if layout is not None and not supported:
+            plan = "_cp_plan" if par.strategy == Strategy.CONTEXT_PARALLEL else "_tp_plan"
+            able = ", ".join(layout_names(par.strategy)) or "none"
+            add(
+                "parallelism.strategy",
+                f"{par.strategy} needs a transformer with a {plan}, and {layout.pipeline} "
+                f"({layout.transformer}) has none in diffusers; use DataParallel or DeviceMap, or a "
+                f"model whose pipeline supports it ({able})",
+            )
     return out
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """What diffusers can split for one pipeline class (checked against diffusers in the tests)."""
+
+    pipeline: str
+    transformer: str
+    context_parallel: bool
+    tensor_parallel: bool
+
+
+# Pipelines whose support is known without loading anything: admission refuses a layout the
+# model cannot run instead of letting the pods crash. Unknown pipelines are checked by the
+# runtime at start (a permanent failure).
+MODEL_LAYOUTS: dict[str, ModelLayout] = {
+    layout.pipeline: layout
+    for layout in (
+        ModelLayout("FluxPipeline", "FluxTransformer2DModel", True, True),
+        ModelLayout("Flux2Pipeline", "Flux2Transformer2DModel", True, True),
+        ModelLayout("QwenImagePipeline", "QwenImageTransformer2DModel", True, True),
+        ModelLayout("WanPipeline", "WanTransformer3DModel", True, False),
+        ModelLayout("LTXPipeline", "LTXVideoTransformer3DModel", True, False),
+        ModelLayout("StableDiffusionPipeline", "UNet2DConditionModel", False, False),
+        ModelLayout("StableDiffusionXLPipeline", "UNet2DConditionModel", False, False),
+        ModelLayout("StableDiffusion3Pipeline", "SD3Transformer2DModel", False, False),
+    )
+}
+# Well-known hub ids, for manifests that leave model.pipeline to auto-detection.
+KNOWN_MODEL_PIPELINES: dict[str, str] = {
+    "muralist/tiny-flux": "FluxPipeline",
+    "black-forest-labs/FLUX.1-dev": "FluxPipeline",
+    "black-forest-labs/FLUX.1-schnell": "FluxPipeline",
+    "black-forest-labs/FLUX.1-Krea-dev": "FluxPipeline",
+    "black-forest-labs/FLUX.2-dev": "Flux2Pipeline",
+    "Qwen/Qwen-Image": "QwenImagePipeline",
+    "stable-diffusion-v1-5/stable-diffusion-v1-5": "StableDiffusionPipeline",
+    "stabilityai/stable-diffusion-xl-base-1.0": "StableDiffusionXLPipeline",
+    "stabilityai/stable-diffusion-3.5-large": "StableDiffusion3Pipeline",
+}
+
+
+# Approximate size of all pipeline weights in 16-bit (GiB), where known. Every rank loads the
+# whole pipeline into host memory on its way to the GPU, so pods are sized from this.
+KNOWN_MODEL_SIZES_GIB: dict[str, float] = {
+    "black-forest-labs/FLUX.1-dev": 32.0,
+    "black-forest-labs/FLUX.1-schnell": 32.0,
+    "black-forest-labs/FLUX.1-Krea-dev": 32.0,
+    "black-forest-labs/FLUX.2-dev": 60.0,
+    "Qwen/Qwen-Image": 54.0,
+    "stable-diffusion-v1-5/stable-diffusion-v1-5": 2.5,
+    "stabilityai/stable-diffusion-xl-base-1.0": 6.5,
+    "stabilityai/stable-diffusion-3.5-large": 27.0,
+    "muralist/tiny-flux": 0.01,
+}
+
+
+def model_size_gib(model: ModelSpec) -> float | None:
+    """Size of the pipeline's weights at its dtype, when the model is known."""
+    size = KNOWN_MODEL_SIZES_GIB.get(model.name)
+    if size is None:
+        return None
+    return size * (2 if model.dtype == "float32" else 1)
+
+
+def known_layout(model: ModelSpec) -> ModelLayout | None:
+    pipeline = model.pipeline or KNOWN_MODEL_PIPELINES.get(model.name)
+    return MODEL_LAYOUTS.get(pipeline) if pipeline else None
+
+
+def layout_names(strategy: str) -> list[str]:
+    return [
+        name
+        for name, layout in MODEL_LAYOUTS.items()
+        if (layout.context_parallel if strategy == Strategy.CONTEXT_PARALLEL else layout.tensor_parallel)
+    ]
 
 
 def _divisor_hint(ppn: int, degree: int) -> str:
@@ -709,6 +830,6 @@ def spec_digest(spec: DiffusionJobSpec) -> str:
     """Identifies the parameters that decide an image's pixels (used to refuse mixing outputs)."""
     relevant = {
         "model": spec.model.model_dump(mode="json", include={"name", "revision", "dtype", "pipeline"}),
-        "generation": spec.generation.model_dump(mode="json", exclude={"batch_size"}),
+        "generation": spec.generation.model_dump(mode="json", exclude={"batch_size", "compile"}),
     }
     return hashlib.sha256(repr(sorted(relevant.items())).encode()).hexdigest()[:16]

@@ -44,7 +44,7 @@ def test_indexed_job_carries_the_torchrun_contract() -> None:
     container = pod["containers"][0]
     assert container["command"] == ["torchrun", "-m", "muralist_runtime", "--spec", "/etc/muralist/spec/spec.json"]
     assert container["image"] == SETTINGS.runtime_image
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}, "requests": {"memory": "9Gi"}}
 
 
 def test_headless_service_resolves_not_ready_pods() -> None:
@@ -171,3 +171,33 @@ def test_attempt_and_deadline_reach_the_job() -> None:
     assert job_obj["metadata"]["labels"]["muralist.dev/attempt"] == "2"
     assert job_obj["spec"]["activeDeadlineSeconds"] == 50
     assert env_of(job_obj)["MURALIST_ATTEMPT"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("model", "dtype", "gpus", "strategy", "expected"),
+    [
+        ("black-forest-labs/FLUX.1-dev", "bfloat16", 8, "DataParallel", "336Gi"),  # 8 x (32 x 1.25 + 2)
+        ("black-forest-labs/FLUX.1-dev", "bfloat16", 4, "DeviceMap", "42Gi"),  # one process
+        ("stabilityai/stable-diffusion-xl-base-1.0", "float32", 1, "DataParallel", "19Gi"),
+        ("my-org/unknown", "bfloat16", 8, "DataParallel", None),
+    ],
+)
+def test_memory_request_scales_with_processes_and_model(
+    model: str, dtype: str, gpus: int, strategy: str, expected: str | None
+) -> None:
+    builder = make_job().set("spec.model.name", model).set("spec.model.dtype", dtype).world(gpus=gpus)
+    job = builder.strategy(strategy).job()
+    resources = render_children(job, "ns", SETTINGS).job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources.get("requests", {}).get("memory") == expected
+
+
+def test_user_memory_is_kept() -> None:
+    job = (
+        make_job()
+        .set("spec.model.name", "black-forest-labs/FLUX.1-dev")
+        .set("spec.resources", {"limits": {"memory": "100Gi"}})
+        .world(gpus=8)
+        .job()
+    )
+    resources = render_children(job, "ns", SETTINGS).job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources == {"limits": {"memory": "100Gi", "nvidia.com/gpu": "8"}}
