@@ -9,6 +9,10 @@ termination message Kubernetes keeps after the container exits.
   on the API server, and its errors are logged and ignored. Ranks that do not write images
   (the non-first ranks of a CP/TP group) report zero counts and only heartbeat, so the
   operator can sum the counts of all ranks.
+- Stall detection: each report carries `lastStepTime` (the last denoising step, from the
+  pipeline's step callback, on every rank of a group) and `lastImageTime` (the last image on
+  disk); the operator watches those. `heartbeatTime` only proves the process is alive: a rank
+  stuck in a collective or a hung kernel keeps heartbeating from this thread.
 - Exit: a summary JSON (under 4 KiB) to /dev/termination-log when it exists, or to the file
   named by MURALIST_TERMINATION_LOG.
 """
@@ -59,9 +63,12 @@ def termination_log_path() -> Path | None:
     return path if path.exists() else None
 
 
-def summary(counts: Counts, exit_code: int, permanent: bool, reason: str, message: str) -> str:
+def summary(counts: Counts, exit_code: int, permanent: bool, reason: str, message: str,
+            timings: dict[str, float] | None = None) -> str:
+    """The termination message; `timings` adds loadSeconds, generateSeconds... when known."""
     doc: dict[str, Any] = {**asdict(counts), "exitCode": exit_code, "permanent": permanent,
                            "reason": reason, "message": message}
+    doc.update({k: round(v, 3) for k, v in (timings or {}).items()})
     text = json.dumps(doc)
     if len(text.encode()) > TERMINATION_MESSAGE_MAX:
         # Only the message can be long (a traceback's last line, a path): cut it to fit.
@@ -133,6 +140,7 @@ class ConfigMapReporter:
         self._lock = threading.Lock()
         self._counts = Counts()
         self._last_image: str | None = None
+        self._last_step: str | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="muralist-progress", daemon=True)
@@ -152,10 +160,17 @@ class ConfigMapReporter:
             if image_finished:
                 self._last_image = now_iso()
 
+    def step(self) -> None:
+        """A denoising step finished (called from the generating thread, once per step)."""
+        stamp = now_iso()
+        with self._lock:
+            self._last_step = stamp
+
     def payload(self) -> dict[str, Any]:
         with self._lock:
             value = {"attempt": self.attempt, **asdict(self._counts),
-                     "lastImageTime": self._last_image, "heartbeatTime": now_iso()}
+                     "lastStepTime": self._last_step, "lastImageTime": self._last_image,
+                     "heartbeatTime": now_iso()}
         return {"data": {f"rank-{self.rank}": json.dumps(value)}}
 
     def _send(self) -> None:
@@ -203,6 +218,7 @@ class Progress:
         self.local = local
         self.reporter = reporter
         self.bar = None
+        self.steps = 0
         if local and rank == 0:
             from tqdm import tqdm
 
@@ -228,6 +244,12 @@ class Progress:
             sys.stdout.flush()
         if self.reporter is not None:
             self.reporter.update(self.counts)
+
+    def step_done(self) -> None:
+        """Called by the pipeline's step callback on every rank (writers or not)."""
+        self.steps += 1
+        if self.reporter is not None:
+            self.reporter.step()
 
     def close(self) -> None:
         """Idempotent: main closes on success before the summary, and again in `finally`."""

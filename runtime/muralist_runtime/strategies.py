@@ -2,9 +2,13 @@
 
 Every strategy answers the same questions, in the order main.py asks them:
 - `validate(spec, gpu)`: can this layout run on this machine at all? (before loading)
+- `preflight(spec, source, revision, gpu)`: does the layout fit the model's configs? (config.json
+  files only, before loading the weights)
 - `load_kwargs(spec, gpu)`: extra `from_pretrained` arguments (DeviceMap's device_map).
 - `check_model(pipe, spec)`: does the loaded model support the layout? (before generating)
-- `prepare(pipe, spec, world)`: move / parallelise the pipeline.
+- `prepare(pipe, spec, world)`: move / parallelise the pipeline, in two halves so that the
+  consistency canary can render its single-rank reference in between: `place` (device,
+  attention backend) then `parallelize` (diffusers' enable_parallelism).
 - `plan(tasks, layout)`: this rank's images (every rank of a group gets the same list).
 
 Failures that retrying cannot fix raise spec.PermanentFailure naming the spec field; every
@@ -75,11 +79,21 @@ class DataParallel:
     def load_kwargs(self, spec: DiffusionJobSpec, gpu: bool) -> dict[str, Any]:
         return {}
 
+    def preflight(self, spec: DiffusionJobSpec, source: str, revision: str | None,
+                  gpu: bool) -> None:
+        return None
+
     def check_model(self, pipe: Any, spec: DiffusionJobSpec) -> None:
         return None
 
-    def prepare(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
+    def place(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
         return pipe.to(world.device)
+
+    def parallelize(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
+        return pipe
+
+    def prepare(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
+        return self.parallelize(self.place(pipe, spec, world), spec, world)
 
     def plan(self, tasks: Sequence[ImageTask], layout: Layout) -> list[ImageTask]:
         return plan_for_rank(tasks, layout)
@@ -102,7 +116,7 @@ class DeviceMap(DataParallel):
             }
         return kwargs
 
-    def prepare(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
+    def place(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
         # A mapped pipeline refuses `.to()`; an unmapped one (CPU) already sits on the CPU.
         return pipe
 
@@ -150,6 +164,10 @@ class ContextParallel(DataParallel):
     name: ClassVar[str] = Strategy.CONTEXT_PARALLEL.value
     FIELD = "spec.parallelism.contextParallel"
 
+    def __init__(self) -> None:
+        # diffusers' uneven-split mode (preflight.UNEVEN_*), set by preflight when needed.
+        self.uneven = ""
+
     @staticmethod
     def _cp(spec: DiffusionJobSpec) -> ContextParallelSpec:
         return spec.parallelism.context_parallel or ContextParallelSpec()
@@ -194,6 +212,24 @@ class ContextParallel(DataParallel):
                 "set ringDegree: 1 and use ulyssesDegree",
             )
 
+    def preflight(self, spec: DiffusionJobSpec, source: str, revision: str | None,
+                  gpu: bool) -> None:
+        from .preflight import check_context_parallel
+
+        cp, gen = self._cp(spec), spec.generation
+        verdict = check_context_parallel(source, revision, gen.height, gen.width,
+                                         gen.extra_args, cp.ring_degree, cp.ulysses_degree,
+                                         allow_uneven=gpu)
+        if verdict.problems:
+            raise PermanentFailure(*verdict.problems[0])
+        if verdict.uneven:
+            import logging
+
+            logging.getLogger("muralist").warning(
+                "sequence lengths do not divide ring x ulysses %d: using diffusers' %s "
+                "(uneven split, slightly more communication)", cp.degree, verdict.uneven)
+        self.uneven = verdict.uneven
+
     def check_model(self, pipe: Any, spec: DiffusionJobSpec) -> None:
         cp = self._cp(spec)
         transformer = _transformer(pipe, "spec.parallelism.strategy")
@@ -219,15 +255,18 @@ class ContextParallel(DataParallel):
         # gets the group's (ring, ulysses) sub-mesh instead of building one over the world.
         mesh = world.mesh((world.layout.dp_degree, cp.ring_degree, cp.ulysses_degree),
                           ("dp", "ring", "ulysses"))
+        uneven = {self.uneven: True} if self.uneven else {}
         return ContextParallelConfig(ring_degree=cp.ring_degree, ulysses_degree=cp.ulysses_degree,
-                                     mesh=mesh["ring", "ulysses"])
+                                     mesh=mesh["ring", "ulysses"], **uneven)
 
-    def prepare(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
+    def place(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
         pipe = pipe.to(world.device)
-        transformer = pipe.transformer
-        transformer.set_attention_backend(self._cp(spec).attention_backend)
+        pipe.transformer.set_attention_backend(self._cp(spec).attention_backend)
+        return pipe
+
+    def parallelize(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
         with cpu_device_shim(world.device.type == "cuda"):
-            transformer.enable_parallelism(config=self._config(spec, world))
+            pipe.transformer.enable_parallelism(config=self._config(spec, world))
         return pipe
 
 
@@ -277,11 +316,12 @@ class TensorParallel(ContextParallel):
         mesh = world.mesh((world.layout.dp_degree, degree), ("dp", "tp"))
         return TensorParallelConfig(tp_degree=degree, mesh=mesh["tp"])
 
-    def prepare(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
-        pipe = pipe.to(world.device)
-        with cpu_device_shim(world.device.type == "cuda"):
-            pipe.transformer.enable_parallelism(config=self._config(spec, world))
-        return pipe
+    def preflight(self, spec: DiffusionJobSpec, source: str, revision: str | None,
+                  gpu: bool) -> None:
+        return None  # heads are checked on the loaded model; TP splits no sequence
+
+    def place(self, pipe: Any, spec: DiffusionJobSpec, world: World) -> Any:
+        return pipe.to(world.device)
 
 
 REGISTRY: dict[str, type[DataParallel]] = {

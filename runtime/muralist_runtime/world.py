@@ -164,6 +164,10 @@ def setup_world(parallelism: Parallelism, group_size: int) -> World:
         device = torch.device("cpu")
 
     if distributed and not dist.is_initialized():
+        # collectiveTimeoutSeconds bounds every collective: gloo raises in the calling thread
+        # (main.py exits 1, retryable); NCCL's watchdog aborts the process when error
+        # handling is on (3 = tear down without cleanup, torch's default, pinned here).
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
         kwargs: dict[str, Any] = {"backend": backend, "timeout": timeout}
         if gpu:
             # Binds the communicator to our GPU now, so barriers never guess the device.

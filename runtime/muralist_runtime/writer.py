@@ -13,6 +13,11 @@ Completeness: every file is written to a temp name in the same directory and `os
 so no reader ever sees a partial file. The metadata goes first and the image last, so an
 image on disk means its metadata is there too: "both present" = complete, and resume skips
 exactly those. A temp file left by a killed process (`.<name>.<pid>.tmp`) is removed at start.
+
+Outputs never block the GPU: `BackgroundWriter` encodes (PNG/JPEG/WebP) and writes images on
+worker threads fed by a bounded queue; the generating loop waits only when the queue is full.
+An image counts as completed only once its files are on disk, and an encode or write error
+is raised in the generating thread at its next submit (or at close), failing the run.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ import html
 import json
 import os
 import platform
-from collections.abc import Iterable, Sequence
+import queue
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +41,11 @@ PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 # gives byte-identical files on any world size (rank and seconds live in the JSON).
 PNG_TEXT_FIELDS = ("prompt", "negativePrompt", "seed", "steps", "guidanceScale", "height",
                    "width", "model", "revision", "dtype")
+# Images waiting to be written: enough to ride out a slow volume for a few images, few enough
+# that host memory stays small (8 decoded 1024x1024 RGB images are 24 MiB).
+WRITE_QUEUE_SIZE = 8
+# Encoding threads: zlib / libjpeg / libwebp release the GIL, so two keep up with a fast GPU.
+WRITE_THREADS = 2
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -67,6 +80,7 @@ class OutputWriter:
         self.root = Path(runtime.output_dir)
         self.images = self.root / "images"
         self.ext = runtime.spec.output.format
+        self._log_lock = threading.Lock()  # writer threads append to the rank manifest
 
     # -- paths and state -----------------------------------------------------------------------
 
@@ -105,8 +119,9 @@ class OutputWriter:
             for stale in d.glob(f".*{TMP_SUFFIX}"):
                 stale.unlink(missing_ok=True)
 
-    def write_job(self, layout: dict[str, int]) -> None:
-        doc = {
+    def write_job(self, layout: dict[str, int], timings: dict[str, float] | None = None) -> None:
+        """job.json; rewritten at the end with the timings (loadSeconds, generateSeconds...)."""
+        doc: dict[str, Any] = {
             "name": self.runtime.name,
             "namespace": self.runtime.namespace,
             "specDigest": spec_digest(self.runtime.spec),
@@ -114,6 +129,8 @@ class OutputWriter:
             "versions": library_versions(),
             "world": layout,
         }
+        if timings:
+            doc.update({k: round(v, 3) for k, v in timings.items()})
         atomic_write_text(self.root / "job.json", json.dumps(doc, indent=2) + "\n")
 
     # -- per image -----------------------------------------------------------------------------
@@ -166,7 +183,7 @@ class OutputWriter:
     def log(self, task: ImageTask, status: str, seconds: float = 0.0) -> None:
         """Append to this rank's manifest (one small write: whole lines on a local disk)."""
         line = {"key": task.key, "status": status, "rank": self.rank, "seconds": round(seconds, 4)}
-        with open(self.root / f"manifest.rank-{self.rank}.jsonl", "a") as f:
+        with self._log_lock, open(self.root / f"manifest.rank-{self.rank}.jsonl", "a") as f:
             f.write(json.dumps(line) + "\n")
 
     # -- end (rank 0, after a barrier) ---------------------------------------------------------
@@ -203,6 +220,97 @@ class OutputWriter:
         path = self.root / "index.html"
         atomic_write_text(path, gallery_html(self.runtime.name, entries))
         return path
+
+
+# -- background writing ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Written:
+    """An image whose files are on disk."""
+
+    task: ImageTask
+    seconds: float
+
+
+_STOP = object()
+
+
+class BackgroundWriter:
+    """Runs `write(task, image, seconds)` on worker threads, fed by a bounded queue.
+
+    `submit` blocks only while `maxsize` images wait; `completed()` returns the images written
+    since the last call (in completion order, which with several threads need not be the
+    submission order); `close()` drains the queue and stops the threads. The first error of a
+    write is raised by the next `submit` and by `close` (images after it are dropped: the run
+    fails, and a restart renders what is missing).
+    """
+
+    def __init__(self, write: Callable[[ImageTask, Any, float], object],
+                 maxsize: int = WRITE_QUEUE_SIZE, threads: int = WRITE_THREADS):
+        self._write = write
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize)
+        self._done: queue.SimpleQueue[Written] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._error_lock = threading.Lock()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._run, name=f"muralist-writer-{i}",
+                                          daemon=True) for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if self._error is None:  # after a failure, drop the rest: the run is failing
+                    task, image, seconds = item
+                    self._write(task, image, seconds)
+                    self._done.put(Written(task, seconds))
+            except BaseException as e:  # handed to the generating thread
+                with self._error_lock:
+                    if self._error is None:
+                        self._error = e
+            finally:
+                self._queue.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"writing an image failed: {self._error}") from self._error
+
+    def submit(self, task: ImageTask, image: Any, seconds: float) -> None:
+        self._raise()
+        self._queue.put((task, image, seconds))
+
+    def wait_idle(self) -> None:
+        """Wait until every submitted image is written (or dropped after an error)."""
+        self._queue.join()
+        self._raise()
+
+    def completed(self) -> list[Written]:
+        out: list[Written] = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self, raise_error: bool = True) -> None:
+        """Drain the queue, stop the threads; idempotent."""
+        if not self._closed:
+            self._closed = True
+            for _ in self._threads:
+                self._queue.put(_STOP)
+            for t in self._threads:
+                t.join()
+        if raise_error:
+            self._raise()
 
 
 def gallery_html(title: str, entries: Iterable[dict[str, Any]]) -> str:

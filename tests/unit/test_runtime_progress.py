@@ -138,3 +138,27 @@ def test_no_termination_log_outside_kubernetes(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(progress, "TERMINATION_LOG", "/nonexistent/termination-log")
     assert progress.termination_log_path() is None
     progress.write_termination("{}")  # silently nothing
+
+
+def test_report_carries_last_step_time_advancing_per_step(api: FakeApiServer,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(f"2026-01-01T00:00:{s:02d}Z" for s in range(60))
+    monkeypatch.setattr(progress, "now_iso", lambda: next(clock))
+    reporter = ConfigMapReporter(kube_target_from_env(env_for(api)), 1, 0, interval=60)
+    # A non-writing rank (second rank of a CP group): no counts, but its steps are progress.
+    prog = Progress(rank=1, total=3, writes=False, local=False, reporter=reporter)
+    assert json.loads(reporter.payload()["data"]["rank-1"])["lastStepTime"] is None
+    stamps = []
+    for _ in range(3):
+        prog.step_done()
+        stamps.append(json.loads(reporter.payload()["data"]["rank-1"])["lastStepTime"])
+    assert stamps == sorted(stamps) and len(set(stamps)) == 3, "advances with every step"
+    value = json.loads(reporter.payload()["data"]["rank-1"])
+    assert value["lastImageTime"] is None and value["heartbeatTime"] > value["lastStepTime"]
+    assert prog.steps == 3
+
+
+def test_termination_summary_carries_timings() -> None:
+    doc = json.loads(progress.summary(Counts(total=1), 0, False, "Completed", "",
+                                      {"loadSeconds": 12.34567, "generateSeconds": 3.0}))
+    assert (doc["loadSeconds"], doc["generateSeconds"]) == (12.346, 3.0)

@@ -130,3 +130,84 @@ def test_gallery_escapes_user_strings() -> None:
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "&amp; co" in page and "&#x27;bad&#x27;" in page and 'a&quot;.png' in page
     assert "<title>&lt;job&gt;" in page
+
+
+# -- the background writer ---------------------------------------------------------------------
+
+
+def test_background_writer_queue_is_bounded() -> None:
+    import threading
+
+    from muralist_runtime.writer import BackgroundWriter
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow_write(task, image, seconds) -> None:
+        started.set()
+        release.wait(10)
+
+    bg = BackgroundWriter(slow_write, maxsize=2, threads=1)
+    tasks = [object() for _ in range(4)]
+    bg.submit(tasks[0], IMG, 0.0)
+    assert started.wait(5)  # the thread holds image 0; two more fit in the queue
+    bg.submit(tasks[1], IMG, 0.0)
+    bg.submit(tasks[2], IMG, 0.0)
+    blocked = threading.Thread(target=bg.submit, args=(tasks[3], IMG, 0.0))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive(), "the generating loop waits while the queue is full"
+    assert bg.completed() == [], "nothing counts before it is written"
+    release.set()
+    blocked.join(5)
+    bg.close()
+    assert [w.task for w in bg.completed()] == tasks
+
+
+def test_background_writer_completion_order_is_free_and_all_counted(writer: OutputWriter) -> None:
+    import threading
+
+    from muralist_runtime.writer import BackgroundWriter
+
+    tasks = all_tasks(writer)
+    first_may_finish = threading.Event()
+
+    def write(task, image, seconds) -> None:
+        if task == tasks[0]:
+            first_may_finish.wait(5)  # the first image is the slowest to encode
+        writer.write_image(task, image, seconds)
+        if task == tasks[-1]:
+            first_may_finish.set()
+
+    bg = BackgroundWriter(write, maxsize=8, threads=2)
+    for t in tasks:
+        bg.submit(t, IMG, 0.1)
+    bg.close()
+    done = [w.task for w in bg.completed()]
+    assert sorted(done, key=lambda t: t.key) == tasks and done[-1] == tasks[0]
+    assert all(writer.is_complete(t) for t in tasks)
+    assert not list(writer.images.glob(".*")), "no temp file left"
+
+
+def test_background_writer_error_reaches_the_generating_thread(writer: OutputWriter) -> None:
+    from muralist_runtime.writer import BackgroundWriter
+
+    tasks = all_tasks(writer)
+
+    def write(task, image, seconds) -> None:
+        if task == tasks[1]:
+            raise OSError(28, "No space left on device")
+        writer.write_image(task, image, seconds)
+
+    bg = BackgroundWriter(write, maxsize=8, threads=1)
+    bg.submit(tasks[0], IMG, 0.0)
+    bg.submit(tasks[1], IMG, 0.0)
+    with pytest.raises(RuntimeError, match="No space left on device"):
+        bg.wait_idle()
+    with pytest.raises(RuntimeError, match="writing an image failed"):
+        bg.submit(tasks[2], IMG, 0.0)
+    with pytest.raises(RuntimeError):
+        bg.close()
+    bg.close(raise_error=False)  # idempotent, quiet on the failure path
+    assert [w.task for w in bg.completed()] == [tasks[0]], "only what is on disk counts"
+    assert not writer.is_complete(tasks[1])
