@@ -42,8 +42,9 @@ def helm() -> str:
 
 def run(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
     """Run a command; on failure the assertion shows its stderr (helm and kubectl explain there)."""
-    proc = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        args, input=stdin, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
     assert proc.returncode == 0, f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}"
     return proc.stdout
 
@@ -55,8 +56,13 @@ def set_args(values: dict[str, Any]) -> list[str]:
     return [arg for key, value in values.items() for arg in ("--set-json", f"{key}={json.dumps(value)}")]
 
 
-def render(helm: str, values: dict[str, Any] | None = None, release: str = "muralist",
-           namespace: str = "muralist-system", extra: Iterable[str] = ()) -> list[dict[str, Any]]:
+def render(
+    helm: str,
+    values: dict[str, Any] | None = None,
+    release: str = "muralist",
+    namespace: str = "muralist-system",
+    extra: Iterable[str] = (),
+) -> list[dict[str, Any]]:
     out = run(helm, "template", release, str(CHART), "--namespace", namespace, *set_args(values or {}), *extra)
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
@@ -70,7 +76,8 @@ def kinds(docs: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def one(docs: Iterable[dict[str, Any]], kind: str, namespace: str | None = None) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind
-             and (namespace is None or d["metadata"].get("namespace") == namespace)]
+    found = [
+        d for d in docs if d["kind"] == kind and (namespace is None or d["metadata"].get("namespace") == namespace)
+    ]
     assert len(found) == 1, f"expected one {kind} (namespace {namespace}), found {len(found)}"
     return found[0]

@@ -1,0 +1,113 @@
+{{/* The release's full name, trimmed to a DNS label. */}}
+{{- define "muralist.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "muralist.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "muralist.labels" -}}
+{{ include "muralist.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "muralist.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "muralist.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "muralist.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "muralist.peeringName" -}}
+{{- default (include "muralist.fullname" .) .Values.peering.name -}}
+{{- end -}}
+
+{{- define "muralist.peered" -}}
+{{- if gt (int .Values.replicas) 1 }}true{{ end -}}
+{{- end -}}
+
+{{/*
+What the operator does in a watched namespace (operator/muralist_operator/kube.py and the
+kopf handlers in handlers.py), and nothing more.
+*/}}
+{{- define "muralist.namespacedRules" -}}
+# The DiffusionJobs: kopf lists and watches them; the operator reads one fresh per reconcile
+# and deletes it when ttlSecondsAfterFinished has passed.
+- apiGroups: ["muralist.dev"]
+  resources: ["diffusionjobs"]
+  verbs: ["get", "list", "watch", "delete"]
+# One status write per reconcile.
+- apiGroups: ["muralist.dev"]
+  resources: ["diffusionjobs/status"]
+  verbs: ["patch"]
+# Children carry an owner reference with blockOwnerDeletion, which (with the
+# OwnerReferencesPermissionEnforcement admission plugin) needs update on the owner's finalizers.
+- apiGroups: ["muralist.dev"]
+  resources: ["diffusionjobs/finalizers"]
+  verbs: ["update"]
+# The Indexed Job: watched (kopf index), created, deleted on restart, patched to (un)suspend.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["create"]
+# The spec and progress ConfigMaps. get and patch are not used by the operator itself: it
+# creates a Role granting them to the job's pods, and RBAC lets no one grant what it lacks.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["list", "watch", "create", "get", "patch"]
+# The pods' ServiceAccount, Role and RoleBinding.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["create"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create"]
+# One Event per transition of a DiffusionJob.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}
+
+{{/* Cluster-scoped reads kopf makes: new CRDs, and (namespaced mode) namespaces coming and going. */}}
+{{- define "muralist.discoveryRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- end -}}
+
+{{/* kopf keeps one status entry per instance in the peering object (list, watch, patch). */}}
+{{- define "muralist.peeringRules" -}}
+- apiGroups: ["kopf.dev"]
+  resources: ["{{ if .Values.watchNamespaces }}kopfpeerings{{ else }}clusterkopfpeerings{{ end }}"]
+  verbs: ["list", "watch", "patch"]
+{{- end -}}
+
+{{- define "muralist.subjects" -}}
+- kind: ServiceAccount
+  name: {{ include "muralist.serviceAccountName" . }}
+  namespace: {{ .Release.Namespace }}
+{{- end -}}

@@ -1,0 +1,158 @@
+"""A Docker engine for the `docker` tests, set up if the machine has none.
+
+If `docker info` fails, Debian's docker.io and debootstrap are installed with apt (root only)
+and dockerd is started for the session. The base image is made locally, without a registry:
+`debootstrap --variant=minbase bookworm` imported as muralist-base:bookworm (kept between
+sessions). Without a usable engine the tests skip, or fail when MURALIST_REQUIRE_DOCKER=1 (CI).
+Each setup step's duration is printed in the terminal summary.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+BASE_IMAGE = "muralist-base:bookworm"
+TIMINGS = pytest.StashKey[dict[str, float]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "docker: builds and runs container images (a Docker engine, minutes)")
+    config.stash[TIMINGS] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    timings = config.stash.get(TIMINGS, {})
+    if timings:
+        terminalreporter.section("docker step timings")
+        for step, seconds in timings.items():
+            terminalreporter.write_line(f"{step:<40} {seconds:7.1f} s")
+
+
+@contextmanager
+def timed(config: pytest.Config, step: str) -> Iterator[None]:
+    start = time.monotonic()
+    yield
+    config.stash[TIMINGS][step] = time.monotonic() - start
+
+
+def unavailable(reason: str) -> None:
+    if os.environ.get("MURALIST_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"{reason} (MURALIST_REQUIRE_DOCKER=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+def sh(*args: str, timeout: float = 600, stdin: bytes | None = None, env: dict[str, str] | None = None,
+       check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, capture_output=True, text=stdin is None, input=stdin, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        out = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode(errors="replace")
+        err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{err[-4000:]}{out[-2000:]}")
+    return proc
+
+
+@dataclass
+class Docker:
+    """A docker CLI that can build with BuildKit (the Dockerfile needs secrets and bind mounts)."""
+
+    cli: str
+    started: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    env: dict[str, str] = field(default_factory=lambda: {"DOCKER_BUILDKIT": "1"})
+
+    def __call__(self, *args: str, timeout: float = 600, stdin: bytes | None = None,
+                 check: bool = True) -> subprocess.CompletedProcess[str]:
+        return sh(self.cli, *args, timeout=timeout, stdin=stdin, env=self.env, check=check)
+
+
+def engine_up(cli: str) -> bool:
+    return subprocess.run([cli, "info"], capture_output=True, timeout=30).returncode == 0
+
+
+def buildkit_cli() -> str | None:
+    """A client with BuildKit: one with the buildx plugin, or Docker 20.10-22.x, whose
+    `docker build` has BuildKit built in (newer clients without buildx cannot use it)."""
+    candidates = [c for c in (shutil.which("docker"), "/usr/bin/docker") if c and os.access(c, os.X_OK)]
+    for cli in dict.fromkeys(candidates):
+        if subprocess.run([cli, "buildx", "version"], capture_output=True).returncode == 0:
+            return cli
+        version = subprocess.run([cli, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True)
+        major = version.stdout.strip().split(".")[0]
+        if major.isdigit() and int(major) < 23:
+            return cli
+    return None
+
+
+def install_docker(config: pytest.Config) -> None:
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        unavailable("no Docker engine, and docker.io cannot be installed here (needs root and apt-get)")
+    with timed(config, "apt-get install docker.io debootstrap"):
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        sh("apt-get", "update", env=env)
+        sh("apt-get", "install", "-y", "--no-install-recommends", "docker.io", "debootstrap", env=env)
+
+
+def start_dockerd(config: pytest.Config, cli: str) -> tuple[subprocess.Popen[bytes], Path]:
+    log = Path(tempfile.gettempdir()) / f"muralist-dockerd-{os.getpid()}.log"
+    with timed(config, "start dockerd"):
+        proc = subprocess.Popen(["dockerd"], stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not engine_up(cli):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                tail = log.read_text(errors="replace")[-3000:]
+                unavailable(f"dockerd did not start (log {log}):\n{tail}")
+            time.sleep(0.5)
+    return proc, log
+
+
+@pytest.fixture(scope="session")
+def docker(pytestconfig: pytest.Config) -> Iterator[Docker]:
+    cli = buildkit_cli()
+    if cli is None or not engine_up(cli):
+        if shutil.which("dockerd") is None:
+            install_docker(pytestconfig)
+        cli = buildkit_cli()
+        if cli is None:
+            unavailable("no docker CLI with BuildKit (install docker-buildx, or Debian's docker.io)")
+    engine = Docker(cli)
+    if not engine_up(cli):
+        engine.started, engine.log = start_dockerd(pytestconfig, cli)
+    try:
+        yield engine
+    finally:
+        if engine.started is not None:  # ours: stop it; images stay in /var/lib/docker for next time
+            engine.started.terminate()
+            engine.started.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def base_image(docker: Docker, pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Debian bookworm (minbase) as a local image: no registry is reachable from CI."""
+    if docker("image", "inspect", BASE_IMAGE, check=False).returncode == 0:
+        return BASE_IMAGE
+    if shutil.which("debootstrap") is None:
+        install_docker(pytestconfig)
+    root = tmp_path_factory.mktemp("bookworm")
+    with timed(pytestconfig, "debootstrap --variant=minbase bookworm"):
+        sh("debootstrap", "--variant=minbase", "bookworm", str(root), timeout=900)
+    with timed(pytestconfig, f"docker import {BASE_IMAGE}"):
+        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run([docker.cli, "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True,
+                                  text=True, timeout=600)
+        tar.wait()
+        assert imported.returncode == 0, imported.stderr
+    shutil.rmtree(root, ignore_errors=True)
+    return BASE_IMAGE
