@@ -9,6 +9,8 @@ MURALIST_K8S_BIN=$(bash hack/cluster-binaries.sh)
 export MURALIST_K8S_BIN
 # Cluster tests fail instead of skipping when their control plane cannot start.
 export MURALIST_REQUIRE_CLUSTER=1
+# Likewise the image tests: they install and start a Docker engine when none runs (as root).
+export MURALIST_REQUIRE_DOCKER=1
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports"
 exec "$VENV/bin/python" -m pytest "$@"

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-port", type=int, default=8080, help="Liveness/readiness endpoint port (0: off).")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off).")
     p.add_argument("--peering", default=None, help="kopf peering name, for several replicas (leader election).")
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="Peering priority: the highest runs, the others stand by (default: random, so replicas differ).",
+    )
     p.add_argument("--log-format", choices=["plain", "json"], default="plain")
     p.add_argument("--verbose", "-v", action="store_true")
 

@@ -18,7 +18,7 @@ from muralist_runtime.spec import (
     Phase,
 )
 
-from muralist_operator.observe import JobView, Observed, PodView, RankReport
+from muralist_operator.observe import Observed, PodView, RankReport
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_DEADLINE = "DeadlineExceeded"
@@ -177,22 +177,25 @@ def _first_failure(pods: list[PodView]) -> PodView | None:
     return failed[0] if failed else None
 
 
-def _stalled(job: DiffusionJob, observed: Observed, current: JobView, attempt: int, now: datetime) -> int | None:
-    """Seconds without progress, when over runPolicy.stallTimeoutSeconds; else None."""
+def _stalled(job: DiffusionJob, observed: Observed, attempt: int, now: datetime) -> int | None:
+    """Seconds without progress, when over runPolicy.stallTimeoutSeconds; else None.
+
+    The clock of a rank starts at its first step: loading and rendezvous have their own
+    guards (collectiveTimeoutSeconds, activeDeadlineSeconds) and vary too much with the model
+    and the node to share one timeout with a denoising step.
+    """
     timeout = job.spec.run_policy.stall_timeout_seconds
-    started = parse_time(current.start_time)
-    if timeout is None or started is None:
+    if timeout is None:
         return None
-    world = job.spec.parallelism.world_size
     latest: list[datetime] = []
-    for rank in range(world):
-        report = observed.ranks.get(f"rank-{rank}")
-        if report is not None and report.attempt == attempt:
-            if report.total and report.completed + report.skipped + report.failed >= report.total:
-                continue  # this rank is done: silence is expected
-            latest.append(max(parse_time(report.progress_time) or started, started))
-        else:
-            latest.append(started)
+    for report in observed.ranks.values():
+        if report.attempt != attempt or not report.progress_time:
+            continue
+        if report.total and report.completed + report.skipped + report.failed >= report.total:
+            continue  # this rank is done: silence is expected
+        moment = parse_time(report.progress_time)
+        if moment is not None:
+            latest.append(moment)
     if not latest:
         return None
     quiet = int((now - min(latest)).total_seconds())
@@ -321,7 +324,7 @@ def decide(
     # 7. Running, or still coming up; a group that stopped progressing is restarted.
     if current.start_time and not st.start_time:
         st.start_time = current.start_time
-    quiet = _stalled(job, observed, current, attempt, now)
+    quiet = _stalled(job, observed, attempt, now)
     if quiet is not None:
         _restart_or_fail(t, job, REASON_STALLED, f"no progress for {quiet}s (runPolicy.stallTimeoutSeconds)")
         return t.decision

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import threading
 from typing import Any
 
@@ -53,6 +54,8 @@ def run_operator(args: argparse.Namespace) -> int:
             namespaces=namespaces,
             standalone=args.peering is None,
             peering_name=args.peering,
+            # kopf pauses every replica when two share a priority: make them differ.
+            priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
             liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
         )
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -68,60 +69,90 @@ def runtime_token(kube_api: Any, namespace: str, account: str) -> str:
     return client.CoreV1Api(kube_api).create_namespaced_service_account_token(account, namespace, request).status.token
 
 
-def test_rendered_pods_render_the_job(dj: DJ, kube_api: Any, tmp_path: Path) -> None:
-    manifest = (
-        make_job("e2e")
+class LocalNode:
+    """This machine standing in for the kubelets: the pods' volumes as directories, and each
+    pod's container command run as a process with the pod's resolved environment."""
+
+    def __init__(self, dj: DJ, kube_api: Any, job: str, root: Path):
+        self.dj, self.job, self.root = dj, job, root
+        self.spec_dir, self.output, hf_home, self.tmp = (root / d for d in ("spec", "output", "hf", "tmp"))
+        for d in (self.spec_dir, self.output, hf_home, self.tmp):
+            d.mkdir()
+        self.mounts = {SPEC_DIR: self.spec_dir, OUTPUT_MOUNT: self.output, HF_HOME: hf_home, "/tmp": self.tmp}
+        # The spec ConfigMap as the kubelet would project it, its output path mapped here.
+        runtime_spec = json.loads(dj.core.read_namespaced_config_map(f"{job}-spec", dj.ns).data[SPEC_KEY])
+        runtime_spec["outputDir"] = str(self.output) + runtime_spec["outputDir"][len(OUTPUT_MOUNT) :]
+        (self.spec_dir / SPEC_KEY).write_text(json.dumps(runtime_spec))
+        self.api_url, self.ca_file = kube_api.configuration.host, kube_api.configuration.ssl_ca_cert
+        self.kube_api = kube_api
+
+    def start(self, pods: list[Any], extra_env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
+        token = runtime_token(self.kube_api, self.dj.ns, pods[0].spec.service_account_name)
+        master_port = free_port()
+        procs = []
+        for pod in pods:
+            env = resolve_env(pod, self.mounts, master_port)
+            env.update(
+                {
+                    "MURALIST_KUBE_API": self.api_url,
+                    "MURALIST_KUBE_TOKEN": token,
+                    "MURALIST_KUBE_CA": self.ca_file,
+                    "PATH": os.environ["PATH"],
+                    "OMP_NUM_THREADS": "1",
+                    **(extra_env or {}),
+                }
+            )
+            command = list(pod.spec.containers[0].command)
+            assert command[0] == "torchrun"
+            command = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
+            command[command.index("--spec") + 1] = str(self.spec_dir / SPEC_KEY)
+            with open(self.root / f"{pod.metadata.name}.log", "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp, start_new_session=True
+                    )
+                )
+        return procs
+
+    def wait(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        for proc in procs:
+            code = proc.wait(timeout=240)
+            assert code == 0, "\n".join(p.read_text()[-2000:] for p in self.root.glob("*.log"))
+
+    @staticmethod
+    def kill(procs: list[subprocess.Popen[bytes]]) -> None:
+        """What the kubelet does to the containers of deleted pods."""
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def images(self) -> list[str]:
+        return sorted(p.name for p in (self.output / self.job / "images").iterdir())
+
+
+def by_index(pods: list[Any]) -> list[Any]:
+    return sorted(pods, key=lambda p: int(p.metadata.annotations["batch.kubernetes.io/job-completion-index"]))
+
+
+def small_job(name: str) -> Any:
+    return (
+        make_job(name)
         .world(nodes=2, gpus=0, processes=1)
-        .prompts("a red fox", {"text": "a lighthouse", "seed": 5}, "a city at night")
         .generation(steps=2, height=32, width=32, imagesPerPrompt=2, extraArgs={"max_sequence_length": 16})
         .pod_template(annotations=fate_annotations("run"))
-        .obj()
-    )
-    dj.create(manifest)
-    pods = sorted(
-        dj.wait_pods("e2e", 2), key=lambda p: int(p.metadata.annotations["batch.kubernetes.io/job-completion-index"])
     )
 
-    # The volumes: the spec ConfigMap as the kubelet would project it, the rest as empty dirs.
-    spec_dir, output, hf_home, tmp = (tmp_path / d for d in ("spec", "output", "hf", "tmp"))
-    for d in (spec_dir, output, hf_home, tmp):
-        d.mkdir()
-    mounts = {SPEC_DIR: spec_dir, OUTPUT_MOUNT: output, HF_HOME: hf_home, "/tmp": tmp}
-    spec_json = dj.core.read_namespaced_config_map("e2e-spec", dj.ns).data[SPEC_KEY]
-    runtime_spec = json.loads(spec_json)
-    runtime_spec["outputDir"] = str(output) + runtime_spec["outputDir"][len(OUTPUT_MOUNT) :]
-    (spec_dir / SPEC_KEY).write_text(json.dumps(runtime_spec))
 
-    api_url = kube_api.configuration.host
-    ca_file = kube_api.configuration.ssl_ca_cert
-    token = runtime_token(kube_api, dj.ns, pods[0].spec.service_account_name)
-    master_port = free_port()
-    procs = []
-    for pod in pods:
-        container = pod.spec.containers[0]
-        env = resolve_env(pod, mounts, master_port)
-        env.update(
-            {
-                "MURALIST_KUBE_API": api_url,
-                "MURALIST_KUBE_TOKEN": token,
-                "MURALIST_KUBE_CA": ca_file,
-                "PATH": os.environ["PATH"],
-                "OMP_NUM_THREADS": "1",
-            }
-        )
-        command = list(container.command)
-        assert command[0] == "torchrun"
-        command = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
-        command[command.index("--spec") + 1] = str(spec_dir / SPEC_KEY)
-        log = open(tmp_path / f"{pod.metadata.name}.log", "wb")  # noqa: SIM115 (closed with the process)
-        procs.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp), log))
-    for proc, log in procs:
-        code = proc.wait(timeout=240)
-        log.close()
-        assert code == 0, (tmp_path / Path(log.name).name).read_text()[-3000:]
+def test_rendered_pods_render_the_job(dj: DJ, kube_api: Any, tmp_path: Path) -> None:
+    dj.create(small_job("e2e").prompts("a red fox", {"text": "a lighthouse", "seed": 5}, "a city at night").obj())
+    pods = by_index(dj.wait_pods("e2e", 2))
+    node = LocalNode(dj, kube_api, "e2e", tmp_path)
+    node.wait(node.start(pods))
+    output = node.output
 
-    images = sorted(p.name for p in (output / "e2e" / "images").glob("*.png"))
-    assert images == [f"{p:05d}-{i:03d}.png" for p in range(3) for i in range(2)]
+    images = node.images()
+    assert [i for i in images if i.endswith(".png")] == [f"{p:05d}-{i:03d}.png" for p in range(3) for i in range(2)]
     lines = (output / "e2e" / "manifest.jsonl").read_text().splitlines()
     assert len(lines) == 6 and (output / "e2e" / "index.html").is_file()
 
@@ -135,3 +166,27 @@ def test_rendered_pods_render_the_job(dj: DJ, kube_api: Any, tmp_path: Path) -> 
     for pod in pods:
         set_pod_fate(dj.core, pod.metadata.name, dj.ns, "succeed", after="100ms")
     assert dj.wait_phase("e2e", "Succeeded")["progress"]["summary"] == "6/6"
+
+
+def test_stalled_rank_is_restarted_and_the_job_completes(dj: DJ, kube_api: Any, tmp_path: Path) -> None:
+    manifest = small_job("stall").prompts("a red fox", "a lighthouse").run_policy(stallTimeoutSeconds=20).obj()
+    dj.create(manifest)
+    pods = by_index(dj.wait_pods("stall", 2, attempt=0))
+    node = LocalNode(dj, kube_api, "stall", tmp_path)
+    # Rank 1 blocks forever after its first image: alive (it still heartbeats), no progress.
+    first = node.start(pods, {"MURALIST_TEST_HANG_AFTER": "1", "MURALIST_TEST_HANG_RANK": "1"})
+    try:
+        restarting = dj.wait_phase("stall", "Restarting", timeout=120)
+    finally:
+        node.kill(first)
+    assert restarting["restarts"] == 1 and "no progress for" in restarting["message"]
+    assert "Stalled" in dj.events("stall")
+
+    node.wait(node.start(by_index(dj.wait_pods("stall", 2, attempt=1))))
+    for pod in dj.pods("stall", attempt=1):
+        set_pod_fate(dj.core, pod.metadata.name, dj.ns, "succeed", after="100ms")
+    done = dj.wait_phase("stall", "Succeeded")
+    assert done["restarts"] == 1 and done["progress"]["summary"] == "4/4"
+    images = node.images()
+    assert [i for i in images if i.endswith(".png")] == [f"{p:05d}-{i:03d}.png" for p in range(2) for i in range(2)]
+    assert all(i.endswith((".png", ".json")) for i in images)  # no temporary files left behind

@@ -16,16 +16,34 @@ NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
 
 def job_view(attempt: int = 0, **fields: object) -> JobView:
-    base = dict(name="cats", attempt=attempt, deleting=False, suspended=False, complete=False, failed=False,
-                failure_reason="", failure_message="", active=1, ready=0, succeeded=0,
-                start_time=iso(NOW - timedelta(seconds=30)))
+    base = dict(
+        name="cats",
+        attempt=attempt,
+        deleting=False,
+        suspended=False,
+        complete=False,
+        failed=False,
+        failure_reason="",
+        failure_message="",
+        active=1,
+        ready=0,
+        succeeded=0,
+        start_time=iso(NOW - timedelta(seconds=30)),
+    )
     base.update(fields)
     return JobView(**base)  # type: ignore[arg-type]
 
 
 def pod(index: int = 0, phase: str = "Running", attempt: int = 0, term: Termination | None = None) -> PodView:
-    return PodView(name=f"cats-{index}-x", attempt=attempt, index=index, phase=phase, deleting=False,
-                   ready=phase == "Running", termination=term)
+    return PodView(
+        name=f"cats-{index}-x",
+        attempt=attempt,
+        index=index,
+        phase=phase,
+        deleting=False,
+        ready=phase == "Running",
+        termination=term,
+    )
 
 
 def status(**fields: object) -> DiffusionJobStatus:
@@ -84,20 +102,29 @@ def test_next_group_is_created_once_the_old_one_is_gone() -> None:
 def test_restarts_beyond_max_fail() -> None:
     job = make_job().run_policy(maxRestarts=1).job()
     failed = pod(0, "Failed", attempt=1, term=Termination(1, "Error", "boom"))
-    d = decide(job, status(phase="Running", restarts=1), 1,
-               Observed(job=job_view(attempt=1, failed=True), pods=[failed]), NOW)
+    d = decide(
+        job, status(phase="Running", restarts=1), 1, Observed(job=job_view(attempt=1, failed=True), pods=[failed]), NOW
+    )
     assert d.status.phase == Phase.FAILED and d.status.restarts == 1
     assert "MaxRestartsExceeded" in {c.reason for c in d.status.conditions if c.type == "Failed"}
     assert conditions(d.status)["Stalled"] == "True"  # kstatus reads this as failed
 
 
-@pytest.mark.parametrize("term", [
-    Termination(PERMANENT_FAILURE_EXIT_CODE, "Error", "whatever"),
-    Termination(1, "Error", json.dumps({"permanent": True, "message": "FluxTransformer2DModel has no _tp_plan"})),
-])
+@pytest.mark.parametrize(
+    "term",
+    [
+        Termination(PERMANENT_FAILURE_EXIT_CODE, "Error", "whatever"),
+        Termination(1, "Error", json.dumps({"permanent": True, "message": "FluxTransformer2DModel has no _tp_plan"})),
+    ],
+)
 def test_permanent_error_fails_without_restart(term: Termination) -> None:
-    d = decide(make_job().job(), status(phase="Running"), 1,
-               Observed(job=job_view(failed=True), pods=[pod(0, "Failed", term=term)]), NOW)
+    d = decide(
+        make_job().job(),
+        status(phase="Running"),
+        1,
+        Observed(job=job_view(failed=True), pods=[pod(0, "Failed", term=term)]),
+        NOW,
+    )
     assert d.status.phase == Phase.FAILED and d.status.restarts == 0
     assert "permanent" in d.status.message
     assert not any(isinstance(a, CreateJob) for a in d.actions)
@@ -150,11 +177,13 @@ def test_ttl_deletes_a_finished_job() -> None:
 
 
 def test_progress_sums_writing_ranks() -> None:
-    ranks = rank_reports({
-        "rank-0": json.dumps({"attempt": 0, "completed": 2, "skipped": 1, "failed": 0, "total": 5}),
-        "rank-1": json.dumps({"attempt": 0, "completed": 3, "skipped": 0, "failed": 1, "total": 5}),
-        "rank-2": "not json",
-    })
+    ranks = rank_reports(
+        {
+            "rank-0": json.dumps({"attempt": 0, "completed": 2, "skipped": 1, "failed": 0, "total": 5}),
+            "rank-1": json.dumps({"attempt": 0, "completed": 3, "skipped": 0, "failed": 1, "total": 5}),
+            "rank-2": "not json",
+        }
+    )
     job = make_job().prompts(*["p"] * 10).world(nodes=2).job()
     d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=[pod(0), pod(1)], ranks=ranks), NOW)
     p = d.status.progress
@@ -165,12 +194,14 @@ def test_stalled_group_is_restarted() -> None:
     job = make_job().world(nodes=2).run_policy(stallTimeoutSeconds=60).job()
     old = iso(NOW - timedelta(seconds=300))
     ranks = {"rank-0": RankReport(0, 1, 0, 0, 5, old), "rank-1": RankReport(0, 5, 0, 0, 5, old)}
-    d = decide(job, status(phase="Running"), 1,
-               Observed(job=job_view(start_time=old), pods=[pod(0), pod(1)], ranks=ranks), NOW)
+    d = decide(
+        job, status(phase="Running"), 1, Observed(job=job_view(start_time=old), pods=[pod(0), pod(1)], ranks=ranks), NOW
+    )
     assert d.status.phase == Phase.RESTARTING and "no progress for 300s" in d.status.message
     fresh = {"rank-0": RankReport(0, 1, 0, 0, 5, iso(NOW)), "rank-1": ranks["rank-1"]}
-    ok = decide(job, status(phase="Running"), 1,
-                Observed(job=job_view(start_time=old), pods=[pod(0), pod(1)], ranks=fresh), NOW)
+    ok = decide(
+        job, status(phase="Running"), 1, Observed(job=job_view(start_time=old), pods=[pod(0), pod(1)], ranks=fresh), NOW
+    )
     assert ok.status.phase == Phase.RUNNING  # rank 1 is done; its silence is expected
 
 
@@ -185,3 +216,26 @@ def test_no_event_without_a_transition() -> None:
     job = make_job().job()
     first = decide(job, status(phase="Running"), 1, Observed(job=job_view(ready=1), pods=[pod(0)]), NOW)
     assert first.events == []
+
+
+def test_stall_clock_starts_at_the_first_step() -> None:
+    job = make_job().world(nodes=2).run_policy(stallTimeoutSeconds=60).job()
+    old = iso(NOW - timedelta(seconds=300))
+    loading = {"rank-0": RankReport(0, 0, 0, 0, 5, None), "rank-1": RankReport(0, 0, 0, 0, 5, None)}
+    d = decide(
+        job,
+        status(phase="Running"),
+        1,
+        Observed(job=job_view(start_time=old), pods=[pod(0), pod(1)], ranks=loading),
+        NOW,
+    )
+    assert d.status.phase == Phase.RUNNING
+    previous = {"rank-0": RankReport(0, 1, 0, 0, 5, old)}  # a report of the group before the restart
+    d = decide(
+        job,
+        status(phase="Running", restarts=1),
+        1,
+        Observed(job=job_view(attempt=1, start_time=old), pods=[pod(0, attempt=1), pod(1, attempt=1)], ranks=previous),
+        NOW,
+    )
+    assert d.status.phase == Phase.RUNNING

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from muralist_runtime.spec import MODEL_LAYOUTS, ValidationProblem
+
 from tests.builders import make_job
 
 diffusers = pytest.importorskip("diffusers")
