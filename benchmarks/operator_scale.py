@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""Operator scale: N DiffusionJobs at once against a real control plane, and the floor.
+
+    ~/.cache/muralist/venv/bin/python benchmarks/operator_scale.py [--sizes 1 50 200]
+
+Starts the test control plane (hack/controlplane.py: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kwok) in a temp dir with 4 fake nodes (110 pods
+each), applies the CRD, runs `muralist operator` as a subprocess (as tests/cluster/conftest.py
+does), then for each N, each round in a fresh namespace:
+
+- operator: create N one-pod DiffusionJobs at once (8 client threads; CPU, tiny requests; the
+  pods' fate `succeed` after 2 s, played by kwok's stages) and wait until all are Succeeded;
+- floor: create N plain Indexed Jobs (same pod fate, no operator) and wait until all complete.
+
+Times are local receive times of watch events (monotonic clock, sub-millisecond), measured
+from just before each create request is sent:
+
+- DJ create -> its Job exists; DJ create -> its pod exists (operator path);
+- Job create -> its pod exists (floor: the Job controller alone);
+- last pod Succeeded -> DJ phase Succeeded (includes the Job controller marking the Job
+  Complete, then the operator); and, for reference, pod Succeeded -> Job Complete (floor).
+
+Operator memory: VmHWM (peak RSS) of the operator process and its children, after each N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+from kubernetes import client, config, watch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+sys.path.insert(0, str(REPO))
+
+import controlplane  # noqa: E402  (hack/controlplane.py)
+from muralist_runtime.spec import GROUP, PLURAL, VERSION  # noqa: E402
+
+from tests.builders import make_job  # noqa: E402
+
+CRD_FILE = REPO / "crds" / "muralist.dev_diffusionjobs.yaml"
+NODES = tuple(f"kwok-gpu-{i}" for i in range(4))  # 440 pod slots: a round of 200 and leftovers
+LABEL_JOB = "muralist.dev/job-name"  # operator children (Job, pods)
+LABEL_BATCH_JOB = "batch.kubernetes.io/job-name"  # the Job controller's pod label
+FATE = {"fate.muralist.dev/outcome": "succeed", "fate.muralist.dev/after": "2s"}
+RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}}
+CREATE_THREADS = 8
+
+Key = tuple[str, str]
+
+
+# --------------------------------------------------------------------------- event recording
+
+
+@dataclass
+class Recorder:
+    """First-seen times (time.monotonic) of what the watches report, keyed by (namespace, owner).
+
+    The owner is the DiffusionJob for operator children, else the Job's own name."""
+
+    job_added: dict[Key, float] = field(default_factory=dict)
+    job_complete: dict[Key, float] = field(default_factory=dict)
+    pod_added: dict[Key, float] = field(default_factory=dict)
+    pod_done: dict[Key, float] = field(default_factory=dict)  # last pod of the owner Succeeded
+    dj_succeeded: dict[Key, float] = field(default_factory=dict)
+    _pods_done: set[tuple[str, str]] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_job(self, kind: str, job: dict[str, Any], now: float) -> None:
+        meta = job["metadata"]
+        key = (meta["namespace"], (meta.get("labels") or {}).get(LABEL_JOB, meta["name"]))
+        with self.lock:
+            self.job_added.setdefault(key, now)
+            conditions = (job.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Complete" and c["status"] == "True" for c in conditions):
+                self.job_complete.setdefault(key, now)
+
+    def on_pod(self, kind: str, pod: dict[str, Any], now: float) -> None:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        owner = labels.get(LABEL_JOB) or labels.get(LABEL_BATCH_JOB)
+        if owner is None:
+            return
+        key = (meta["namespace"], owner)
+        with self.lock:
+            self.pod_added.setdefault(key, now)
+            pod_id = (meta["namespace"], meta["name"])
+            if (pod.get("status") or {}).get("phase") == "Succeeded" and pod_id not in self._pods_done:
+                self._pods_done.add(pod_id)
+                self.pod_done[key] = now  # one pod per job here; the latest one wins
+
+    def on_dj(self, kind: str, dj: dict[str, Any], now: float) -> None:
+        if (dj.get("status") or {}).get("phase") == "Succeeded":
+            meta = dj["metadata"]
+            with self.lock:
+                self.dj_succeeded.setdefault((meta["namespace"], meta["name"]), now)
+
+
+class Watcher(threading.Thread):
+    """One cluster-wide watch (raw JSON, no model deserialisation), restarted on expiry."""
+
+    def __init__(self, kubeconfig: Path, list_fn: Callable[[Any], Callable[..., Any]],
+                 handle: Callable[[str, dict[str, Any], float], None]):
+        super().__init__(daemon=True)
+        self.api = config.new_client_from_config(config_file=str(kubeconfig))
+        self.list_fn, self.handle = list_fn, handle
+        self.stopped = threading.Event()
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        import json
+
+        fn = self.list_fn(self.api)
+        while not self.stopped.is_set():
+            listing = json.loads(fn(_preload_content=False).data)
+            rv = listing["metadata"]["resourceVersion"]
+            now = time.monotonic()
+            for obj in listing["items"]:  # what changed while no watch was open
+                self.handle("LISTED", obj, now)
+            self.ready.set()
+            w = watch.Watch()
+            try:
+                for event in w.stream(fn, resource_version=rv, timeout_seconds=60,
+                                      allow_watch_bookmarks=False, _preload_content=False):
+                    now = time.monotonic()
+                    obj = event["raw_object"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.handle(event["type"], obj, now)
+                    if self.stopped.is_set():
+                        break
+            except client.ApiException as e:
+                if e.status != 410 and not self.stopped.is_set():  # 410: expired, list again
+                    raise
+            except urllib3.exceptions.HTTPError:
+                if not self.stopped.is_set():  # a dropped stream: list and watch again
+                    continue
+
+
+def watchers(kubeconfig: Path, rec: Recorder) -> list[Watcher]:
+    return [
+        Watcher(kubeconfig, lambda a: client.BatchV1Api(a).list_job_for_all_namespaces, rec.on_job),
+        Watcher(kubeconfig, lambda a: client.CoreV1Api(a).list_pod_for_all_namespaces, rec.on_pod),
+        Watcher(kubeconfig,
+                lambda a: lambda **kw: client.CustomObjectsApi(a).list_cluster_custom_object(
+                    GROUP, VERSION, PLURAL, **kw),
+                rec.on_dj),
+    ]
+
+
+# --------------------------------------------------------------------------- the operator
+
+
+class Operator:
+    """`muralist operator` as a subprocess (like tests/cluster/conftest.py's OperatorProcess)."""
+
+    def __init__(self, kubeconfig: Path, log: Path):
+        self.log = open(log, "wb")  # noqa: SIM115 (owned by the process)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0",
+             "--metrics-port", "0", "--runtime-image", "muralist-runtime:bench"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)}, start_new_session=True)
+
+    def peak_rss_mib(self) -> float:
+        """VmHWM of the operator and its descendants (MiB)."""
+        return sum(status_kib(pid, "VmHWM") for pid in process_tree(self.proc.pid)) / 1024
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def process_tree(pid: int) -> Iterator[int]:
+    yield pid
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            yield from process_tree(int(child))
+
+
+def status_kib(pid: int, key: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+# --------------------------------------------------------------------------- rounds
+
+
+def dj_manifest(name: str, namespace: str) -> dict[str, Any]:
+    return (make_job(name, namespace).world(nodes=1, gpus=0, processes=1)
+            .pod_template(annotations=dict(FATE)).set("spec.resources", RESOURCES).obj())
+
+
+def plain_job(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed", "completions": 1, "parallelism": 1, "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": dict(FATE)},
+                "spec": {"restartPolicy": "Never", "containers": [
+                    {"name": "worker", "image": "muralist-runtime:bench", "command": ["true"],
+                     "resources": RESOURCES}]},
+            },
+        },
+    }
+
+
+def create_all(count: int, create: Callable[[int], None]) -> dict[int, float]:
+    """Create `count` objects with a few threads; returns each one's send time."""
+    sent: dict[int, float] = {}
+
+    def one(i: int) -> None:
+        sent[i] = time.monotonic()
+        create(i)
+
+    with concurrent.futures.ThreadPoolExecutor(CREATE_THREADS) as pool:
+        list(pool.map(one, range(count)))
+    return sent
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def fresh_namespace(api: Any, name: str) -> None:
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}})
+    # Pods of a fresh namespace wait for its default ServiceAccount: not what we measure.
+    wait_until(lambda: bool(core.list_namespaced_service_account(name).items), 60,
+               f"ServiceAccount {name}/default")
+
+
+def delete_namespace(api: Any, name: str) -> None:
+    core = client.CoreV1Api(api)
+    core.delete_namespace(name)
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(name)
+            return False
+        except client.ApiException as e:
+            return e.status == 404
+
+    wait_until(gone, 180, f"namespace {name} to be deleted")
+
+
+def deltas(start: dict[Key, float], end: dict[Key, float], keys: list[Key]) -> list[float]:
+    return [end[k] - start[k] for k in keys if k in start and k in end]
+
+
+def summary(values: list[float]) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+
+    def pct(q: float) -> float:  # nearest rank
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+    return f"{pct(0.5):.3f} / {pct(0.95):.3f} / {ordered[-1]:.3f}"
+
+
+@dataclass
+class Row:
+    n: int
+    dj_to_job: list[float]
+    dj_to_pod: list[float]
+    floor_job_to_pod: list[float]
+    pod_to_dj_succeeded: list[float]
+    floor_pod_to_job_complete: list[float]
+    all_succeeded_s: float
+    floor_all_complete_s: float
+    peak_rss_mib: float
+
+
+def operator_round(api: Any, rec: Recorder, op: Operator, n: int, ns: str,
+                   timeout: float) -> tuple[list[float], list[float], list[float], float]:
+    fresh_namespace(api, ns)
+    custom = client.CustomObjectsApi(api)
+    names = [f"dj-{i:03d}" for i in range(n)]
+    sent = create_all(n, lambda i: custom.create_namespaced_custom_object(
+        GROUP, VERSION, ns, PLURAL, dj_manifest(names[i], ns)))
+    t0 = min(sent.values())
+    keys = [(ns, name) for name in names]
+    wait_until(lambda: all(k in rec.dj_succeeded for k in keys), timeout,
+               f"{n} DiffusionJobs to succeed (operator log: {op.log.name})")
+    total = max(rec.dj_succeeded[k] for k in keys) - t0
+    start = {(ns, names[i]): t for i, t in sent.items()}
+    out = (deltas(start, rec.job_added, keys), deltas(start, rec.pod_added, keys),
+           deltas(rec.pod_done, rec.dj_succeeded, keys), total)
+    delete_namespace(api, ns)
+    return out
+
+
+def floor_round(api: Any, rec: Recorder, n: int, ns: str,
+                timeout: float) -> tuple[list[float], list[float], float]:
+    fresh_namespace(api, ns)
+    batch = client.BatchV1Api(api)
+    names = [f"job-{i:03d}" for i in range(n)]
+    sent = create_all(n, lambda i: batch.create_namespaced_job(ns, plain_job(names[i])))
+    t0 = min(sent.values())
+    keys = [(ns, name) for name in names]
+    wait_until(lambda: all(k in rec.job_complete for k in keys), timeout, f"{n} Jobs to complete")
+    total = max(rec.job_complete[k] for k in keys) - t0
+    start = {(ns, names[i]): t for i, t in sent.items()}
+    out = (deltas(start, rec.pod_added, keys), deltas(rec.pod_done, rec.job_complete, keys), total)
+    delete_namespace(api, ns)
+    return out
+
+
+def apply_crd(api: Any) -> None:
+    ext = client.ApiextensionsV1Api(api)
+    body = yaml.safe_load(CRD_FILE.read_text())
+    ext.create_custom_resource_definition(body)
+
+    def served() -> bool:
+        got = ext.read_custom_resource_definition(body["metadata"]["name"])
+        established = any(c.type == "Established" and c.status == "True"
+                          for c in got.status.conditions or [])
+        if not established:
+            return False
+        try:
+            client.CustomObjectsApi(api).list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            return True
+        except client.ApiException:
+            return False
+
+    wait_until(served, 60, "the DiffusionJob CRD to be served")
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 50, 200])
+    parser.add_argument("--bin-dir", type=Path, default=None,
+                        help="control plane binaries (default: hack/cluster-binaries.sh's cache)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    args = parser.parse_args()
+    bin_dir = args.bin_dir or controlplane.default_bin_dir()
+    if missing := controlplane.missing_binaries(bin_dir):
+        raise SystemExit(f"missing in {bin_dir}: {', '.join(missing)}; run hack/cluster-binaries.sh")
+
+    work = Path(tempfile.mkdtemp(prefix="muralist-opbench-"))
+    cp = controlplane.ControlPlane(bin_dir, work / "cluster", nodes=NODES)
+    op: Operator | None = None
+    ws: list[Watcher] = []
+    rows: list[Row] = []
+    loads = [load_average()]
+    began = time.monotonic()
+    try:
+        cp.start()
+        print(f"control plane up in {cp.startup_seconds:.1f}s ({len(NODES)} kwok nodes); "
+              f"load average {loads[0]}", flush=True)
+        api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+        api.configuration.connection_pool_maxsize = CREATE_THREADS * 2
+        apply_crd(api)
+        rec = Recorder()
+        ws = watchers(cp.kubeconfig, rec)
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.ready.wait(30)
+        op = Operator(cp.kubeconfig, work / "operator.log")
+        # A warm-up job: the operator has listed and watched everything before we measure.
+        operator_round(api, rec, op, 1, "bench-warmup", 120)
+        for n in args.sizes:
+            timeout = 120 + 2 * n
+            dj_job, dj_pod, pod_dj, total = operator_round(api, rec, op, n, f"bench-op-{n}", timeout)
+            floor_pod, floor_done, floor_total = floor_round(api, rec, n, f"bench-floor-{n}", timeout)
+            rows.append(Row(n, dj_job, dj_pod, floor_pod, pod_dj, floor_done, total, floor_total,
+                            op.peak_rss_mib()))
+            loads.append(load_average())
+            print(f"N={n}: {n} DiffusionJobs Succeeded in {total:.1f}s, {n} plain Jobs complete "
+                  f"in {floor_total:.1f}s; load {loads[-1]}", flush=True)
+    finally:
+        for w in ws:
+            w.stopped.set()
+        if op is not None:
+            op.stop()
+        cp.stop()
+        if args.keep:
+            print(f"logs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    report(rows, loads, time.monotonic() - began)
+    return 0
+
+
+def report(rows: list[Row], loads: list[str], seconds: float) -> None:
+    print(f"\nseconds, p50 / p95 / max; load average at start and after each N: "
+          f"{' | '.join(loads)}; total {seconds:.0f}s\n")
+    print("| N | DJ create -> Job | DJ create -> pod | floor: Job create -> pod "
+          "| last pod done -> DJ Succeeded | floor: pod done -> Job Complete "
+          "| all N Succeeded (op / floor) | operator peak RSS |")
+    print("|---:|---|---|---|---|---|---|---:|")
+    for r in rows:
+        print(f"| {r.n} | {summary(r.dj_to_job)} | {summary(r.dj_to_pod)} "
+              f"| {summary(r.floor_job_to_pod)} | {summary(r.pod_to_dj_succeeded)} "
+              f"| {summary(r.floor_pod_to_job_complete)} "
+              f"| {r.all_succeeded_s:.1f}s / {r.floor_all_complete_s:.1f}s | {r.peak_rss_mib:.0f} MiB |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
