@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from muralist_runtime.spec import RuntimeSpec
 
+from tests.builders import JobBuilder
+
 PROMPTS = ["a red fox", "a lighthouse in a storm", {"text": "a robot in a garden", "seed": 42}]
 
 
@@ -28,44 +30,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class JobBuilder:
-    """make_job().processes(2).context_parallel(ulysses=2).obj() -> a DiffusionJobSpec dict."""
+class RuntimeJobBuilder(JobBuilder):
+    """tests/builders.JobBuilder with small runtime defaults; obj() gives the spec only."""
 
     def __init__(self) -> None:
-        self.doc: dict[str, Any] = {
-            "model": {"name": "muralist/tiny-flux", "dtype": "float32"},
-            "prompts": list(PROMPTS),
-            "generation": {"steps": 2, "height": 32, "width": 32, "imagesPerPrompt": 1,
-                           "extraArgs": {"max_sequence_length": 16}},
-            "parallelism": {"strategy": "DataParallel", "gpusPerNode": 0, "nodes": 1,
-                            "processesPerNode": 1},
-        }
+        super().__init__()
+        self.prompts(*PROMPTS).world(nodes=1, gpus=0, processes=1)
+        self.generation(steps=2, height=32, width=32, imagesPerPrompt=1, extraArgs={"max_sequence_length": 16})
 
-    def processes(self, n: int, nodes: int = 1) -> JobBuilder:
-        self.doc["parallelism"].update(processesPerNode=n, nodes=nodes)
+    def processes(self, n: int, nodes: int = 1) -> RuntimeJobBuilder:
+        self.world(nodes=nodes, gpus=0, processes=n)
         return self
 
-    def context_parallel(self, ulysses: int = 1, ring: int = 1,
-                         backend: str = "native") -> JobBuilder:
-        self.doc["parallelism"].update(strategy="ContextParallel", contextParallel={
-            "ulyssesDegree": ulysses, "ringDegree": ring, "attentionBackend": backend})
+    def launcher(self, name: str) -> RuntimeJobBuilder:
+        self.set("spec.parallelism.launcher", name)
         return self
 
-    def tensor_parallel(self, degree: int = 2) -> JobBuilder:
-        self.doc["parallelism"].update(strategy="TensorParallel",
-                                       tensorParallel={"degree": degree})
-        return self
-
-    def launcher(self, name: str) -> JobBuilder:
-        self.doc["parallelism"]["launcher"] = name
-        return self
-
-    def obj(self) -> dict[str, Any]:
-        return self.doc
+    def obj(self) -> dict[str, Any]:  # type: ignore[override]
+        return super().obj()["spec"]
 
 
-def make_job() -> JobBuilder:
-    return JobBuilder()
+def make_job() -> RuntimeJobBuilder:
+    return RuntimeJobBuilder()
 
 
 def runtime_spec_json(job: dict[str, Any], output: Path, model_path: Path | None = None) -> str:
@@ -102,9 +88,14 @@ class Run:
 def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Environment for spawned processes: the session's tiny-model cache, pinned threads."""
     cache = tmp_path_factory.mktemp("muralist-cache")
-    return {**os.environ, "MURALIST_CACHE": str(cache), "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error",
-            "DIFFUSERS_VERBOSITY": "error"}
+    return {
+        **os.environ,
+        "MURALIST_CACHE": str(cache),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "DIFFUSERS_VERBOSITY": "error",
+    }
 
 
 @pytest.fixture(scope="session")
@@ -131,9 +122,15 @@ def _termination(path: Path) -> dict[str, Any]:
         return {}
 
 
-def torchrun(spec_json: str, output: Path, env: dict[str, str], nproc: int = 1,
-             nnodes: int = 1, extra_env: dict[str, str] | None = None,
-             timeout: float = 240) -> Run:
+def torchrun(
+    spec_json: str,
+    output: Path,
+    env: dict[str, str],
+    nproc: int = 1,
+    nnodes: int = 1,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 240,
+) -> Run:
     """Run the runtime under real torchrun agents configured only through PET_* variables."""
     output.mkdir(parents=True, exist_ok=True)
     spec_file = output.parent / f"{output.name}.spec.json"
@@ -142,23 +139,32 @@ def torchrun(spec_json: str, output: Path, env: dict[str, str], nproc: int = 1,
     port = free_port()
     procs = []
     for node in range(nnodes):
-        penv = {**env, **(extra_env or {}), "MURALIST_TERMINATION_LOG": str(term),
-                "PET_NNODES": str(nnodes), "PET_NPROC_PER_NODE": str(nproc),
-                "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "127.0.0.1",
-                "PET_MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "-m", "muralist_runtime",
-             "--spec", str(spec_file)],
-            env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        penv = {
+            **env,
+            **(extra_env or {}),
+            "MURALIST_TERMINATION_LOG": str(term),
+            "PET_NNODES": str(nnodes),
+            "PET_NPROC_PER_NODE": str(nproc),
+            "PET_NODE_RANK": str(node),
+            "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "-m", "muralist_runtime", "--spec", str(spec_file)],
+                env=penv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=timeout) for p in procs]
     code = next((p.returncode for p in procs if p.returncode), 0)
-    return Run(code, "".join(o for o, _ in outs), "".join(e for _, e in outs), output,
-               _termination(term))
+    return Run(code, "".join(o for o, _ in outs), "".join(e for _, e in outs), output, _termination(term))
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory: pytest.TempPathFactory, runtime_env: dict[str, str],
-              tiny_model: Path) -> Run:
+def reference(tmp_path_factory: pytest.TempPathFactory, runtime_env: dict[str, str], tiny_model: Path) -> Run:
     """The base job rendered by one process: what every layout must reproduce."""
     out = tmp_path_factory.mktemp("reference") / "out"
     run = torchrun(runtime_spec_json(make_job().obj(), out), out, runtime_env, nproc=1)

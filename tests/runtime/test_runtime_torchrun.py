@@ -118,7 +118,7 @@ def test_context_parallel_ulysses_2(tmp_path: Path, runtime_env, reference: Run)
 
 def on_gpu_nodes(builder):
     """A layout admission accepts (2 GPUs per pod), started on this GPU-less machine."""
-    builder.doc["parallelism"].update(gpusPerNode=2, processesPerNode=2)
+    builder.world(gpus=2, processes=2)
     return builder.obj()
 
 
@@ -138,7 +138,7 @@ def test_context_parallel_two_groups_of_two(tmp_path: Path, runtime_env, referen
     ("job", "field"),
     [
         (on_gpu_nodes(make_job().tensor_parallel(2)), "spec.parallelism.gpusPerNode"),
-        (on_gpu_nodes(make_job().context_parallel(ring=2, backend="flash")),
+        (on_gpu_nodes(make_job().context_parallel(ring=2, ulysses=1, backend="flash")),
          "spec.parallelism.contextParallel.attentionBackend"),
     ],
     ids=["tensor-parallel-on-cpu", "ring-attention-on-cpu"],
