@@ -204,6 +204,8 @@ def run(spec_path: str) -> int:
         strategy.check_model(pipe, spec)
         pipeline.check_call(pipe, tasks)
         pipe = strategy.place(pipe, spec, world)
+        if spec.generation.vae_tiling and not pipeline.enable_vae_tiling(pipe):
+            log.warning("generation.vaeTiling: this pipeline's VAE cannot tile; decoding whole")
         verify = spec.parallelism.verify and layout.group_size > 1
         if spec.parallelism.verify and not verify:
             log.info("parallelism.verify: nothing to compare for %s (no parallel group)",

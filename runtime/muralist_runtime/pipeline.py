@@ -168,3 +168,13 @@ def compile_transformer(pipe: Any, parallel: bool) -> str:
             block.compile(fullgraph=not parallel)
             compiled += 1
     return f"{compiled} blocks"
+
+
+def enable_vae_tiling(pipe: Any) -> bool:
+    """Tiled VAE decode. Every rank of a CP/TP group calls the pipeline, so every rank decodes
+    with the same tiling and no rank waits on a collective the others skip."""
+    vae = getattr(pipe, "vae", None)
+    if vae is None or not hasattr(vae, "enable_tiling"):
+        return False
+    vae.enable_tiling()
+    return True

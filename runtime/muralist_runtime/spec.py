@@ -182,6 +182,11 @@ class Generation(ApiModel):
         default_factory=dict,
         description="Free-form keyword arguments passed to the pipeline call.",
     )
+    vae_tiling: bool = Field(
+        False,
+        description="Decode latents tile by tile (diffusers vae.enable_tiling) so large images do not "
+        "run out of memory at the last step; every rank of a group decodes the same way.",
+    )
     compile: bool = Field(
         False,
         description="torch.compile the transformer's repeated blocks (regional compile) and "

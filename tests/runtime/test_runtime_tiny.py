@@ -34,3 +34,22 @@ def test_loads_with_from_pretrained(tiny_model: Path) -> None:
     out = pipe("a red fox", height=16, width=16, num_inference_steps=1, max_sequence_length=8,
                generator=torch.Generator("cpu").manual_seed(0))
     assert out.images[0].size == (16, 16)
+
+
+def test_vae_tiling_decodes_tile_by_tile(tiny_model: Path) -> None:
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from muralist_runtime.pipeline import enable_vae_tiling
+
+    pipe = DiffusionPipeline.from_pretrained(tiny_model, dtype=torch.float32)
+    assert enable_vae_tiling(pipe) and pipe.vae.use_tiling
+    # Tiles smaller than the image, so the tiled path really runs.
+    scale = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
+    pipe.vae.tile_sample_min_size, pipe.vae.tile_latent_min_size = 32, 32 // scale
+    calls: list[tuple[int, ...]] = []
+    original = pipe.vae.tiled_decode
+    pipe.vae.tiled_decode = lambda z, **kw: calls.append(tuple(z.shape)) or original(z, **kw)
+    out = pipe("a red fox", height=64, width=64, num_inference_steps=1, max_sequence_length=8,
+               generator=torch.Generator("cpu").manual_seed(0))
+    assert out.images[0].size == (64, 64) and calls
