@@ -39,7 +39,6 @@ def test_loads_with_from_pretrained(tiny_model: Path) -> None:
 def test_vae_tiling_decodes_tile_by_tile(tiny_model: Path) -> None:
     import torch
     from diffusers import DiffusionPipeline
-
     from muralist_runtime.pipeline import enable_vae_tiling
 
     pipe = DiffusionPipeline.from_pretrained(tiny_model, dtype=torch.float32)
