@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,7 +58,6 @@ class Reconciler:
         self._locks: dict[Key, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.indexes: dict[str, Any] = {}
-        self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="muralist-create")
         # Jobs that need the clock: a deadline, a stall timeout or a TTL.
         self.clocked: set[Key] = set()
         # (attempt, when) of the Job we last created: the index may not show it for a moment,
@@ -159,11 +157,11 @@ class Reconciler:
         children = render_children(
             job, key[0], self.settings, attempt=action.attempt, active_deadline_seconds=action.active_deadline_seconds
         )
-        # The supporting objects go up together (one round trip instead of six); the Job last,
-        # so its pods never start without their Service, spec or progress ConfigMap.
-        support = [child for child in children.all() if child is not children.job]
-        list(self._pool.map(lambda child: self.kube.create(child, owner), support))
-        return self.kube.create(children.job, owner)
+        created_job = False
+        for child in children.all():
+            created = self.kube.create(child, owner)
+            created_job = created_job or (created and child["kind"] == "Job")
+        return created_job
 
     def _track(self, key: Key, job: DiffusionJob | None, decision: Decision) -> None:
         phase = decision.status.phase
