@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""A real single node for Muralist's control plane (feasibility spike for issue 8).
+
+containerd (Debian's package, its own root/state/socket in WORK), runc, the bridge CNI plugins
+(Debian's containernetworking-plugins), a locally built pause image, CoreDNS on the bridge
+gateway and kubelet registered as node `muralist-node`. Root only. Standard library only.
+
+    node = RealNode(bin_dir, work_dir, kubeconfig)   # kubeconfig: an admin kubeconfig
+    node.start()            # returns once the node is Ready
+    node.import_image(tar)  # `docker save` output -> containerd's k8s.io namespace
+    node.stop()             # pods deleted, processes stopped, bridge/mounts/cgroups removed
+
+As a command, together with hack/controlplane.py's ControlPlane (no kwok nodes):
+
+    python3 hack/real-node.py up --work-dir DIR [--image muralist-base:bookworm ...]
+    python3 hack/real-node.py down --work-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+HACK_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(HACK_DIR))
+import controlplane as cpl  # noqa: E402
+
+NODE_NAME = "muralist-node"
+NODE_LABEL = ("muralist.dev/real-node", "true")
+BRIDGE = "mural0"
+POD_SUBNET = "10.88.0.0/16"
+GATEWAY = "10.88.0.1"
+PAUSE_IMAGE = "muralist-pause:local"
+CNI_BIN_DIR = "/usr/lib/cni"
+FORWARD_RULE = (
+    "FORWARD",
+    "-i",
+    BRIDGE,
+    "-o",
+    BRIDGE,
+    "-m",
+    "comment",
+    "--comment",
+    "muralist real node",
+    "-j",
+    "ACCEPT",
+)
+PAUSE_C = r"""
+#include <signal.h>
+#include <unistd.h>
+static void quit(int s) { (void)s; _exit(0); }
+static void reap(int s) { (void)s; }
+int main(void) {
+    signal(SIGINT, quit); signal(SIGTERM, quit); signal(SIGCHLD, reap);
+    for (;;) pause();
+}
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[real-node] {msg}", file=sys.stderr, flush=True)
+
+
+def sh(*args: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr[-3000:]}{proc.stdout[-1000:]}")
+    return proc
+
+
+# --------------------------------------------------------------------------- pause image
+
+
+def docker_archive(binary: bytes, name: str, entrypoint: str) -> bytes:
+    """A `docker save`-format tar holding one layer with one static binary."""
+    layer_buf = io.BytesIO()
+    with tarfile.open(fileobj=layer_buf, mode="w") as layer:
+        info = tarfile.TarInfo(entrypoint.lstrip("/"))
+        info.size, info.mode = len(binary), 0o755
+        layer.addfile(info, io.BytesIO(binary))
+    layer_bytes = layer_buf.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": [entrypoint]},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "history": [{"created_by": "hack/real-node.py"}],
+        }
+    ).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [name], "Layers": ["layer/layer.tar"]}]).encode()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for path, data in ((config_name, config), ("layer/layer.tar", layer_bytes), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def build_pause(work: Path) -> Path:
+    src, binary, tar = work / "pause.c", work / "pause", work / "pause.tar"
+    src.write_text(PAUSE_C)
+    sh("gcc", "-static", "-Os", "-s", "-o", str(binary), str(src))
+    tar.write_bytes(docker_archive(binary.read_bytes(), PAUSE_IMAGE, "/pause"))
+    return tar
+
+
+# --------------------------------------------------------------------------- the node
+
+
+class RealNode:
+    def __init__(self, bin_dir: Path, work_dir: Path, kubeconfig: Path, timeout: float = 120) -> None:
+        self.bin_dir = Path(bin_dir)
+        self.work = Path(work_dir).resolve()
+        self.kubeconfig = Path(kubeconfig)
+        self.timeout = timeout
+        self.sock = self.work / "containerd.sock"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # containerd (like `ip netns add`) bind-mounts /run/netns onto itself: undo it if it was not so.
+        self.netns_was_mounted = os.path.ismount("/run/netns")
+        self.logs = self.work / "logs"
+        self.timings: dict[str, float] = {}
+
+    # ----- helpers
+    def ctr(self, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+        return sh("ctr", "--address", str(self.sock), "-n", "k8s.io", *args, **kw)
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return sh(str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args, check=check, timeout=timeout)
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        out = (self.logs / f"{name}.log").open("wb")
+        self.procs[name] = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        (self.work / f"{name}.pid").write_text(str(self.procs[name].pid))
+
+    def _alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited ({proc.returncode}); log {self.logs / name}.log:\n"
+                    + cpl.tail(self.logs / f"{name}.log")
+                )
+
+    def _timed(self, step: str, begin: float) -> None:
+        self.timings[step] = round(time.monotonic() - begin, 1)
+        log(f"{step}: {self.timings[step]} s")
+
+    # ----- start
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        for sub in ("logs", "cni/net.d", "cni/ipam", "containerd/root", "containerd/state", "kubelet"):
+            (self.work / sub).mkdir(parents=True, exist_ok=True)
+        t = time.monotonic()
+        pause_tar = build_pause(self.work)
+        self._timed("pause image", t)
+
+        # The bridge is made here (not by the CNI plugin) so CoreDNS can bind the gateway first.
+        if sh("ip", "link", "show", BRIDGE, check=False).returncode != 0:
+            sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        sh("ip", "addr", "replace", f"{GATEWAY}/16", "dev", BRIDGE)
+        sh("ip", "link", "set", BRIDGE, "up")
+        # br_netfilter sends bridged pod-to-pod traffic through FORWARD, whose policy dockerd
+        # sets to DROP: accept what stays on our bridge (removed again in stop()).
+        if sh("iptables", "-C", *FORWARD_RULE, check=False).returncode != 0:
+            sh("iptables", "-I", *FORWARD_RULE)
+        self._write_cni()
+
+        t = time.monotonic()
+        self._write_containerd_config()
+        self._spawn("containerd", ["containerd", "--config", str(self.work / "containerd.toml")])
+        cpl.poll(
+            lambda: self.ctr("version", check=False).returncode == 0, self.timeout, "containerd", alive=self._alive
+        )
+        self._timed("containerd up", t)
+        t = time.monotonic()
+        self.import_image(pause_tar)
+        self._timed("import pause", t)
+
+        t = time.monotonic()
+        (self.work / "Corefile").write_text(self._corefile())
+        self._spawn("coredns", [str(self.bin_dir / "coredns"), "-conf", str(self.work / "Corefile")])
+        cpl.poll(self._dig_ok, self.timeout, "CoreDNS", alive=self._alive)
+        self._timed("coredns up", t)
+
+        t = time.monotonic()
+        self._write_kubelet_config()
+        self._spawn(
+            "kubelet",
+            [
+                str(self.bin_dir / "kubelet"),
+                f"--config={self.work / 'kubelet.yaml'}",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--hostname-override={NODE_NAME}",
+                f"--root-dir={self.work / 'kubelet'}",
+                f"--cert-dir={self.work / 'kubelet/pki'}",
+                f"--node-labels={NODE_LABEL[0]}={NODE_LABEL[1]}",
+                "--v=2",
+            ],
+        )
+
+        def ready() -> bool:
+            proc = self.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
+            return proc.returncode == 0 and cpl.node_ready(json.loads(proc.stdout))
+
+        cpl.poll(ready, self.timeout, f"node {NODE_NAME} Ready", interval=1, alive=self._alive)
+        self._timed("kubelet up, node Ready", t)
+
+    def _dig_ok(self) -> bool:
+        import socket
+
+        # A UDP DNS query for kubernetes.default.svc.cluster.local A, answered => CoreDNS serves.
+        q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+        for part in ["kubernetes", "default", "svc", "cluster", "local"]:
+            q += bytes([len(part)]) + part.encode()
+        q += b"\x00\x00\x01\x00\x01"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(1)
+            s.sendto(q, (GATEWAY, 53))
+            data = s.recv(512)
+        return data[:2] == b"\x12\x34" and (data[3] & 0x0F) == 0 and data[7] > 0
+
+    def import_image(self, tar: Path) -> None:
+        with open(tar, "rb") as f:
+            proc = subprocess.run(
+                ["ctr", "--address", str(self.sock), "-n", "k8s.io", "images", "import", "--no-unpack=false", "-"],
+                stdin=f,
+                capture_output=True,
+                text=True,
+            )
+        if proc.returncode != 0:
+            # older ctr has no --no-unpack=false spelling
+            with open(tar, "rb") as f:
+                proc = subprocess.run(
+                    ["ctr", "--address", str(self.sock), "-n", "k8s.io", "images", "import", "-"],
+                    stdin=f,
+                    capture_output=True,
+                    text=True,
+                )
+        if proc.returncode != 0:
+            raise RuntimeError(f"ctr images import {tar}: {proc.stderr}")
+
+    # ----- configuration
+    def _write_cni(self) -> None:
+        conf = {
+            "cniVersion": "1.0.0",
+            "name": "muralist",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(self.work / "cni/ipam"),
+                        "ranges": [[{"subnet": POD_SUBNET, "gateway": GATEWAY}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }
+        (self.work / "cni/net.d/10-muralist.conflist").write_text(json.dumps(conf, indent=2))
+        (self.work / "cni/net.d/99-loopback.conf").write_text(
+            json.dumps({"cniVersion": "1.0.0", "name": "lo", "type": "loopback"})
+        )
+
+    def _write_containerd_config(self) -> None:
+        w = self.work
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        (w / "containerd.toml").write_text(f"""version = 2
+root = "{w}/containerd/root"
+state = "{w}/containerd/state"
+[grpc]
+  address = "{self.sock}"
+[ttrpc]
+  address = "{self.sock}.ttrpc"
+[debug]
+  address = ""
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  enable_cdi = false
+  # This machine refuses lowering oom_score_adj (runc: "failed to update /proc/self/oom_score_adj:
+  # Permission denied"); clamp to containerd's own value.
+  restrict_oom_score_adj = true
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  BinaryName = "{os.environ.get("MURALIST_RUNC", "runc")}"
+[{cri}.cni]
+  bin_dir = "{CNI_BIN_DIR}"
+  conf_dir = "{w}/cni/net.d"
+""")
+
+    def _corefile(self) -> str:
+        return f"""cluster.local:53 in-addr.arpa:53 {{
+    bind {GATEWAY}
+    errors
+    kubernetes cluster.local in-addr.arpa {{
+        kubeconfig {self.kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa
+        ttl 0
+    }}
+}}
+.:53 {{
+    bind {GATEWAY}
+    errors
+    forward . /etc/resolv.conf
+}}
+"""
+
+    def _write_kubelet_config(self) -> None:
+        cfg = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "readOnlyPort": 0,
+            "cgroupDriver": "cgroupfs",
+            "failSwapOn": False,
+            "failCgroupV1": False,
+            "containerRuntimeEndpoint": f"unix://{self.sock}",
+            "clusterDNS": [GATEWAY],
+            "clusterDomain": "cluster.local",
+            "resolvConf": "/etc/resolv.conf",
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "serializeImagePulls": False,
+            "registerNode": True,
+            "syncFrequency": "5s",
+            "nodeStatusUpdateFrequency": "5s",
+        }
+        (self.work / "kubelet.yaml").write_text(json.dumps(cfg, indent=2))
+
+    # ----- stop
+    def stop(self, drain_timeout: float = 60) -> None:
+        kubelet = self.procs.get("kubelet")
+        if kubelet is not None and kubelet.poll() is None:
+            # Pods deleted while kubelet runs get a proper StopPodSandbox (CNI DEL, netns unmount).
+            self.kubectl(
+                "delete",
+                "pods",
+                "--all-namespaces",
+                "--all",
+                "--grace-period=1",
+                f"--field-selector=spec.nodeName={NODE_NAME}",
+                f"--timeout={drain_timeout:.0f}s",
+                check=False,
+                timeout=drain_timeout + 10,
+            )
+            self.kubectl("delete", "node", NODE_NAME, "--wait=false", check=False)
+        self._stop_proc("kubelet")
+        if "containerd" in self.procs and self.procs["containerd"].poll() is None:
+            # Whatever is left: kill tasks, remove containers and the sandboxes' network.
+            for cid in self.ctr("containers", "list", "-q", check=False).stdout.split():
+                self.ctr("tasks", "kill", "-s", "SIGKILL", cid, check=False)
+            time.sleep(1)
+            for cid in self.ctr("containers", "list", "-q", check=False).stdout.split():
+                self.ctr("tasks", "delete", "-f", cid, check=False)
+                self.ctr("containers", "delete", cid, check=False)
+        self._stop_proc("coredns")
+        self._stop_proc("containerd")
+        self._kill_shims()
+        self._cleanup_host()
+
+    def _stop_proc(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            pidfile = self.work / f"{name}.pid"
+            if not pidfile.exists():
+                return
+            pid = int(pidfile.read_text())
+            cpl.terminate([cpl.Component(name, pid)])
+            pidfile.unlink(missing_ok=True)
+            return
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        (self.work / f"{name}.pid").unlink(missing_ok=True)
+
+    def _kill_shims(self) -> None:
+        # containerd-shim-runc-v2 outlives containerd; ours name our socket on their command line.
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"containerd-shim-runc-v2") and str(self.sock).encode() in cmd:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+    def _cleanup_host(self) -> None:
+        # Mounts under the work dir (overlay rootfs, netns, tmpfs volumes, shm), deepest first.
+        for _ in range(3):
+            mounts = [
+                line.split()[1]
+                for line in Path("/proc/self/mounts").read_text().splitlines()
+                if line.split()[1].startswith(str(self.work)) or line.split()[1].startswith("/run/netns/cni-")
+            ]
+            if not mounts:
+                break
+            for m in sorted(mounts, key=len, reverse=True):
+                sh("umount", "-l", m, check=False)
+        for path in Path("/run/netns").glob("cni-*") if Path("/run/netns").exists() else []:
+            path.unlink(missing_ok=True)
+        if not self.netns_was_mounted and os.path.ismount("/run/netns") and not any(Path("/run/netns").iterdir()):
+            sh("umount", "/run/netns", check=False)
+        # veth peers go with their netns; the bridge is ours.
+        sh("ip", "link", "delete", BRIDGE, check=False)
+        while sh("iptables", "-D", *FORWARD_RULE, check=False).returncode == 0:
+            pass
+        # kubelet's cgroups (cgroupfs driver): kubepods trees, deepest first.
+        for root in Path("/sys/fs/cgroup").iterdir():
+            tree = root / "kubepods"
+            if tree.is_dir():
+                for d in sorted((p for p in tree.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+                with contextlib.suppress(OSError):
+                    tree.rmdir()
+
+
+class ControlPlane(cpl.ControlPlane):
+    """hack/controlplane.py's control plane, reaching the kubelet by its InternalIP (for logs/exec:
+    the node name does not resolve on the host). Use with nodes=() so no kwok node competes."""
+
+    def _apiserver_args(self) -> list[str]:
+        return [*super()._apiserver_args(), "--kubelet-preferred-address-types=InternalIP"]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("action", choices=["smoke"])
+    p.add_argument("--work-dir", default="/tmp/mn")
+    p.add_argument("--image-tar", action="append", default=[])
+    args = p.parse_args(argv)
+    work = Path(args.work_dir)
+    bin_dir = cpl.default_bin_dir()
+    cp = ControlPlane(bin_dir, work / "cp", nodes=())
+    t = time.monotonic()
+    cp.start()
+    log(f"control plane: {time.monotonic() - t:.1f} s")
+    node = RealNode(bin_dir, work / "node", cp.kubeconfig)
+    try:
+        node.start()
+        for tar in args.image_tar:
+            t = time.monotonic()
+            node.import_image(Path(tar))
+            log(f"import {tar}: {time.monotonic() - t:.1f} s")
+        print(f"KUBECONFIG={cp.kubeconfig}")
+        input("node up; press enter to stop\n")
+    finally:
+        node.stop()
+        cp.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
