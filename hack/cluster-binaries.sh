@@ -12,37 +12,9 @@
 # cores (tens of minutes on 2 cores); the Go module and build caches keep their defaults.
 set -euo pipefail
 
-HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "${HACK_DIR}/versions.env"
-
-CACHE_DIR="${MURALIST_K8S_CACHE:-$HOME/.cache/muralist/k8s}/${K8S_VERSION}"
-BIN_DIR="${CACHE_DIR}/bin"
-SRC_DIR="${CACHE_DIR}/src"
-
-log() { echo "[cluster-binaries] $*" >&2; }
-
-# A binary counts as built only when its stamp names the version pinned now, so bumping
-# versions.env rebuilds exactly what changed.
-is_current() { # name version
-    [[ -x "${BIN_DIR}/$1" && "$(cat "${BIN_DIR}/.$1.version" 2>/dev/null)" == "$2" ]]
-}
-
-# Move freshly built binaries into BIN_DIR and stamp them; done last so an interrupted build
-# never leaves something that looks complete.
-install_built() { # tmpdir version names...
-    local tmp="$1" version="$2" name
-    shift 2
-    for name in "$@"; do
-        mv -f "${tmp}/${name}" "${BIN_DIR}/${name}"
-        echo "${version}" >"${BIN_DIR}/.${name}.version"
-        log "built ${name} ${version} ($(du -h "${BIN_DIR}/${name}" | cut -f1))"
-    done
-}
-
-go_build() { # build flags and packages, run inside a wrapper module
-    CGO_ENABLED=0 go build -mod=mod -trimpath "$@"
-}
+LOG_PREFIX=cluster-binaries
+# shellcheck source=binaries-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/binaries-lib.sh"
 
 build_etcd() {
     # etcd's own go.mod files use local replace directives, so `go install` cannot build it;
@@ -86,8 +58,7 @@ staging_replaces() {
 }
 
 build_kube() {
-    local dir="${SRC_DIR}/kubernetes" tmp minor="${K8S_VERSION#v1.}" pkg
-    minor="${minor%%.*}"
+    local dir="${SRC_DIR}/kubernetes" tmp
     mkdir -p "${dir}"
     {
         printf 'module muralist.dev/hack/kubernetes-wrapper\n\ngo 1.26.0\n\n'
@@ -95,17 +66,10 @@ build_kube() {
         staging_replaces
         printf ')\n'
     } >"${dir}/go.mod"
-    # Truthful `--version`: the same variables Kubernetes' own build stamps.
-    local ldflags="-s -w"
-    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-        ldflags+=" -X ${pkg}.gitVersion=${K8S_VERSION} -X ${pkg}.gitMajor=1"
-        ldflags+=" -X ${pkg}.gitMinor=${minor} -X ${pkg}.gitTreeState=clean"
-        ldflags+=" -X ${pkg}.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    done
     tmp="$(mktemp -d "${CACHE_DIR}/tmp.XXXXXX")"
     log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl ${K8S_VERSION}"
     # One invocation for all four so they share one module graph and the build cache.
-    (cd "${dir}" && go_build -ldflags "${ldflags}" -o "${tmp}/" \
+    (cd "${dir}" && go_build -ldflags "$(kube_ldflags)" -o "${tmp}/" \
         k8s.io/kubernetes/cmd/kube-apiserver \
         k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler \
@@ -114,21 +78,8 @@ build_kube() {
     rm -rf "${tmp}"
 }
 
-# kwok and helm are plain `go install`able (no replace directives in their go.mod).
-go_install() { # name module/cmd version ldflags
-    local tmp
-    tmp="$(mktemp -d "${CACHE_DIR}/tmp.XXXXXX")"
-    log "building $1 $3"
-    (cd "${tmp}" && CGO_ENABLED=0 GOBIN="${tmp}" go install -trimpath -ldflags "$4" "$2@$3")
-    install_built "${tmp}" "$3" "$1"
-    rm -rf "${tmp}"
-}
-
 main() {
-    mkdir -p "${BIN_DIR}"
-    # Two builds at once (e.g. a test run and a dev cluster) would race on BIN_DIR.
-    exec 9>"${CACHE_DIR}/.lock"
-    flock 9
+    lock_cache
     is_current etcd "${ETCD_VERSION}" || build_etcd
     local name todo=0
     for name in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
