@@ -81,11 +81,11 @@ def build_pipeline(transformer: Any) -> Any:
     """A FluxPipeline with the big transformer and tiny stand-ins of the right widths."""
     import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline
-    from muralist_runtime.tiny import MAX_TOKENS, _tokenizer
+    from muralist_runtime.tiny import MAX_TOKENS, word_level_tokenizer
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    tokenizer, vocab = _tokenizer(MAX_TOKENS)
-    tokenizer_2, _ = _tokenizer(TEXT_TOKENS)
+    tokenizer, vocab = word_level_tokenizer(MAX_TOKENS)
+    tokenizer_2, _ = word_level_tokenizer(TEXT_TOKENS)
     cfg = FLUX_DEV_TRANSFORMER
     text_encoder = CLIPTextModel(CLIPTextConfig(
         vocab_size=vocab, hidden_size=cfg["pooled_projection_dim"], intermediate_size=256,

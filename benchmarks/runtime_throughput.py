@@ -84,11 +84,11 @@ def build_model(directory: Path) -> Path:
         FluxPipeline,
         FluxTransformer2DModel,
     )
-    from muralist_runtime.tiny import MAX_TOKENS, _tokenizer  # offline WordLevel tokenizers
+    from muralist_runtime.tiny import MAX_TOKENS, word_level_tokenizer  # offline WordLevel tokenizers
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    tokenizer, vocab = _tokenizer(MAX_TOKENS)
-    tokenizer_2, _ = _tokenizer(MAX_SEQUENCE_LENGTH)
+    tokenizer, vocab = word_level_tokenizer(MAX_TOKENS)
+    tokenizer_2, _ = word_level_tokenizer(MAX_SEQUENCE_LENGTH)
     torch.manual_seed(0)
     transformer = FluxTransformer2DModel(**TRANSFORMER_CONFIG)
     torch.manual_seed(1)

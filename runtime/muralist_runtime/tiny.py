@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # Heads: 2, so Ulysses 2 and TP 2 divide them; head dim 16 = sum(axes_dims_rope).
 TRANSFORMER_CONFIG = {
@@ -43,7 +44,8 @@ _WORDS = (
 _MARKER = "model_index.json"
 
 
-def _tokenizer(max_length: int):
+def word_level_tokenizer(max_length: int) -> tuple[Any, int]:
+    """A fast tokenizer over a small in-memory vocabulary (no download), and its vocab size."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -70,8 +72,8 @@ def _build(directory: Path) -> None:
     )
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    tokenizer, vocab_size = _tokenizer(MAX_TOKENS)
-    tokenizer_2, _ = _tokenizer(MAX_TOKENS)
+    tokenizer, vocab_size = word_level_tokenizer(MAX_TOKENS)
+    tokenizer_2, _ = word_level_tokenizer(MAX_TOKENS)
 
     # One seed per component: adding a component never changes another one's weights.
     torch.manual_seed(SEED)
