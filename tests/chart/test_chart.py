@@ -17,8 +17,8 @@ from muralist_runtime.spec import GROUP, PLURAL, VERSION
 
 from tests.builders import make_job
 from tests.chart.conftest import CHART, REPO, dump, kinds, one, render, run
-from tests.cluster.conftest import OperatorProcess
 from tests.kube_helpers import fate_annotations, wait_for
+from tests.operator_helpers import OperatorProcess
 
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}

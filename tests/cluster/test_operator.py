@@ -11,8 +11,8 @@ from kubernetes.client.rest import ApiException
 from muralist_runtime.spec import GROUP, PLURAL, VERSION
 
 from tests.builders import make_job
-from tests.cluster.conftest import DJ
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
+from tests.operator_helpers import DJ
 from tests.unit.invalid_cases import INVALID_CASES
 
 pytestmark = pytest.mark.cluster

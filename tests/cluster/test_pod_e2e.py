@@ -23,8 +23,8 @@ from kubernetes import client
 from muralist_operator.render import HF_HOME, OUTPUT_MOUNT, SPEC_DIR, SPEC_KEY
 
 from tests.builders import make_job
-from tests.cluster.conftest import DJ
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
+from tests.operator_helpers import DJ
 
 pytestmark = pytest.mark.cluster
 

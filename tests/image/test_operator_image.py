@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.image.conftest import Docker, timed
+from tests.docker_plugin import Docker, timed
 
 pytestmark = pytest.mark.docker
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "muralist-operator:test"
-# HTTPS from the build goes through the host's proxy: trust what the host trusts.
-EXTRA_CA = Path(os.environ.get("MURALIST_EXTRA_CA", "/etc/ssl/certs/ca-certificates.crt"))
 
 
 @pytest.fixture(scope="module")
 def operator_image(docker: Docker, base_image: str, pytestconfig: pytest.Config) -> str:
-    secret = ["--secret", f"id=extra_ca,src={EXTRA_CA}"] if EXTRA_CA.is_file() else []
     with timed(pytestconfig, "docker build --target operator"):
-        docker("build", "--target", "operator", "--build-arg", f"PYTHON_BASE={base_image}", *secret,
-               "-t", IMAGE, str(REPO), timeout=1200)
-    return IMAGE
+        return docker.build("operator", IMAGE, base_image)
 
 
 def run(docker: Docker, image: str, *args: str, entrypoint: str | None = None, volumes: tuple[str, ...] = ()) -> str:

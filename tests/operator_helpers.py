@@ -1,0 +1,150 @@
+"""The operator under test: the CRD, `muralist operator` as a subprocess, and a small client
+for DiffusionJobs. Shared by the `cluster` (kwok) and `e2e` (real node) tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from muralist_runtime.spec import GROUP, PLURAL, VERSION
+
+from tests.kube_helpers import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+CRD_FILE = REPO / "crds" / "muralist.dev_diffusionjobs.yaml"
+
+
+def apply_crd(api: Any) -> dict[str, Any]:
+    """The DiffusionJob CRD from crds/, applied (or updated) and served."""
+    ext = client.ApiextensionsV1Api(api)
+    body = yaml.safe_load(CRD_FILE.read_text())
+    try:
+        ext.create_custom_resource_definition(body)
+    except client.ApiException as e:
+        if e.status != 409:  # another fixture of the session (the chart tests) applied it
+            raise
+        ext.patch_custom_resource_definition(body["metadata"]["name"], body)
+
+    def established() -> bool:
+        got = ext.read_custom_resource_definition(body["metadata"]["name"])
+        return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
+
+    wait_for(established, timeout=30, message="the DiffusionJob CRD to be established")
+    # Discovery can lag behind Established: wait until the resource can be listed.
+    wait_for(
+        lambda: client.CustomObjectsApi(api).list_cluster_custom_object(GROUP, VERSION, PLURAL) is not None,
+        timeout=30,
+        message="DiffusionJobs to be served",
+    )
+    return body
+
+
+class OperatorProcess:
+    """`muralist operator` against a test control plane; can be killed and restarted."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_dir: Path,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        runtime_image: str = "muralist-runtime:test",
+    ):
+        self.kubeconfig, self.log_dir, self.runtime_image = kubeconfig, log_dir, runtime_image
+        self.extra_args = extra_args or []
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115 (owned by the process)
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "muralist_cli",
+                "operator",
+                "--health-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--runtime-image",
+                self.runtime_image,
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))
+
+
+class DJ:
+    """Small client for DiffusionJobs and their children in one namespace."""
+
+    def __init__(self, api: Any, namespace: str):
+        self.ns = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, manifest)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+        return wait_for(
+            lambda: (s := self.status(name)).get("phase") == phase and s,
+            timeout=timeout,
+            message=f"{name} to reach {phase} (now {self.status(name).get('phase')})",
+        )
+
+    def pods(self, name: str, attempt: int | None = None) -> list[Any]:
+        selector = f"muralist.dev/job-name={name}"
+        if attempt is not None:
+            selector += f",muralist.dev/attempt={attempt}"
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+        return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+    def wait_pods(self, name: str, count: int, attempt: int = 0, phase: str = "Running") -> list[Any]:
+        return wait_for(
+            lambda: len(ps := [p for p in self.pods(name, attempt) if p.status.phase == phase]) == count and ps,
+            timeout=60,
+            message=f"{count} {phase} pods of {name} attempt {attempt}",
+        )
+
+    def events(self, name: str) -> list[str]:
+        items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        return [e.reason for e in items if e.involved_object.kind == "DiffusionJob"]
