@@ -1,4 +1,4 @@
-# Shared by hack/cluster-binaries.sh and hack/node-binaries.sh (sourced; set LOG_PREFIX first).
+# Helpers of hack/cluster-binaries.sh (sourced; set LOG_PREFIX first).
 # Cache layout: ${MURALIST_K8S_CACHE:-$HOME/.cache/muralist/k8s}/<k8s-version>/{bin,src}, each
 # binary stamped with the version it was built at.
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the binaries of Muralist's test control plane from Go modules, at pinned versions:
-#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm.
+# Build the binaries of Muralist's test clusters from Go modules, at pinned versions:
+#   control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm;
+#   a real node (hack/real-node.py): kubelet, and CoreDNS for the cluster domain.
 #
 # Usage: hack/cluster-binaries.sh
 #   Prints the bin directory as the last line of stdout; progress goes to stderr.
@@ -57,6 +58,8 @@ staging_replaces() {
         }' "${gomod}"
 }
 
+KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
+
 build_kube() {
     local dir="${SRC_DIR}/kubernetes" tmp
     mkdir -p "${dir}"
@@ -67,14 +70,15 @@ build_kube() {
         printf ')\n'
     } >"${dir}/go.mod"
     tmp="$(mktemp -d "${CACHE_DIR}/tmp.XXXXXX")"
-    log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl ${K8S_VERSION}"
-    # One invocation for all four so they share one module graph and the build cache.
+    log "building ${KUBE_BINARIES[*]} ${K8S_VERSION}"
+    # One invocation for all of them so they share one module graph and the build cache.
     (cd "${dir}" && go_build -ldflags "$(kube_ldflags)" -o "${tmp}/" \
         k8s.io/kubernetes/cmd/kube-apiserver \
         k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler \
-        k8s.io/kubernetes/cmd/kubectl)
-    install_built "${tmp}" "${K8S_VERSION}" kube-apiserver kube-controller-manager kube-scheduler kubectl
+        k8s.io/kubernetes/cmd/kubectl \
+        k8s.io/kubernetes/cmd/kubelet)
+    install_built "${tmp}" "${K8S_VERSION}" "${KUBE_BINARIES[@]}"
     rm -rf "${tmp}"
 }
 
@@ -82,7 +86,7 @@ main() {
     lock_cache
     is_current etcd "${ETCD_VERSION}" || build_etcd
     local name todo=0
-    for name in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    for name in "${KUBE_BINARIES[@]}"; do
         is_current "${name}" "${K8S_VERSION}" || todo=1
     done
     ((todo == 0)) || build_kube
@@ -92,6 +96,8 @@ main() {
     is_current helm "${HELM_VERSION}" ||
         go_install helm helm.sh/helm/v3/cmd/helm "${HELM_VERSION}" \
             "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+    is_current coredns "${COREDNS_VERSION}" ||
+        go_install coredns github.com/coredns/coredns "${COREDNS_VERSION}" "-s -w"
     echo "${BIN_DIR}"
 }
 
