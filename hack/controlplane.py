@@ -59,6 +59,8 @@ SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.0/16"
 NODE_IP_PREFIX = "10.250.0."  # fake node addresses: .1, .2, ...
 SERVICE_IP = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+# hack/real-node.py's pod bridge gateway: where pods reach the API server (and CoreDNS).
+POD_GATEWAY = "10.88.0.1"
 SERVICE_DNS_NAMES = tuple(
     "kubernetes" + suffix for suffix in ("", ".default", ".default.svc", ".default.svc.cluster.local")
 )
@@ -407,8 +409,12 @@ class ControlPlane:
         nodes: tuple[str, ...] = ("kwok-gpu-0", "kwok-gpu-1"),
         stages_file: Path = STAGES_FILE,
         timeout: float = 180,
+        pod_gateway: str | None = None,
     ) -> None:
+        """`pod_gateway`: serve the API on all addresses and advertise this one, for pods of a real
+        node (hack/real-node.py) that reach the `kubernetes` Service through a DNAT to it."""
         self.bin_dir = Path(bin_dir).resolve()
+        self.pod_gateway = pod_gateway
         self.work_dir = Path(work_dir).resolve()
         self.nodes = nodes
         self.stages_file = stages_file
@@ -551,8 +557,8 @@ class ControlPlane:
         return [
             f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
             f"--secure-port={self.ports.apiserver}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={'0.0.0.0' if self.pod_gateway else '127.0.0.1'}",
+            f"--advertise-address={self.pod_gateway or '127.0.0.1'}",
             f"--cert-dir={self.work_dir / 'apiserver-certs'}",
             f"--tls-cert-file={pki.serving_crt}",
             f"--tls-private-key-file={pki.serving_key}",
@@ -567,6 +573,8 @@ class ControlPlane:
             # Loopback clients of a small test cluster need no request throttling.
             "--max-requests-inflight=1000",
             "--max-mutating-requests-inflight=500",
+            # A real node's name does not resolve on the host: reach its kubelet (logs, exec) by IP.
+            *(["--kubelet-preferred-address-types=InternalIP"] if self.pod_gateway else []),
         ]
 
     def _kube_client_args(self) -> list[str]:
@@ -671,7 +679,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     work_dir = state_dir / "cluster"
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
-    cp = ControlPlane(args.bin_dir, work_dir, timeout=args.timeout)
+    # For a real node (hack/real-node.py) kwok plays no node and pods must reach the API server.
+    real_node = {"nodes": (), "pod_gateway": POD_GATEWAY} if args.real_node else {}
+    cp = ControlPlane(args.bin_dir, work_dir, timeout=args.timeout, **real_node)  # type: ignore[arg-type]
     state = {
         "bin_dir": str(cp.bin_dir),
         "kubeconfig": str(cp.kubeconfig),
@@ -748,6 +758,11 @@ def main(argv: list[str] | None = None) -> int:
                 type=float,
                 default=180,
                 help="seconds to wait for each readiness check",
+            )
+            p.add_argument(
+                "--real-node",
+                action="store_true",
+                help="no kwok nodes; serve the API to the pods of hack/real-node.py",
             )
     args = parser.parse_args(argv)
     if getattr(args, "bin_dir", "unset") is None:

@@ -1,37 +1,87 @@
 #!/usr/bin/env bash
-# A local Kubernetes control plane for a person at a terminal: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler and kwok with two fake GPU nodes (kwok-gpu-0/1,
-# 8 nvidia.com/gpu each). The same control plane the cluster tests use; pods on it follow the
-# fate annotations documented in hack/kwok-stages.yaml.
+# A local Kubernetes cluster for a person at a terminal, from upstream components built here.
+#
+#   up             etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok with two
+#                  fake GPU nodes (kwok-gpu-0/1, 8 nvidia.com/gpu each): the control plane the
+#                  cluster tests use; pods follow the fate annotations in hack/kwok-stages.yaml.
+#   up --real-node the same control plane without fake nodes, plus one real node (root only):
+#                  containerd, runc and the CNI plugins from Debian's packages, a local pause
+#                  image, CoreDNS and kubelet (hack/real-node.py). Pods really run.
+#   load IMAGE...  real node: import images from the local Docker engine (nothing is pulled).
+#   env            print the exports that point kubectl at it.
+#   down           stop every process; remove the node's bridge, mounts and iptables rules.
 #
 # Usage:
-#   hack/dev-cluster.sh up      # build binaries if needed (long the first time), start, wait
+#   hack/dev-cluster.sh up [--real-node]   # builds the binaries if needed (long the first time)
 #   eval "$(hack/dev-cluster.sh env)"
 #   kubectl get nodes
-#   hack/dev-cluster.sh down    # stop every process; logs stay in the state dir
+#   hack/dev-cluster.sh down               # logs stay in the state dir
 #
-# State (kubeconfig, certificates, etcd data, logs, pids):
+# State (kubeconfig, certificates, etcd data, node work dir, logs, pids):
 #   ${MURALIST_DEV_CLUSTER_DIR:-$HOME/.cache/muralist/dev-cluster}
+# The real node keeps its image store in ${MURALIST_CONTAINERD_ROOT:-$HOME/.cache/muralist/containerd}.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 STATE_DIR="${MURALIST_DEV_CLUSTER_DIR:-$HOME/.cache/muralist/dev-cluster}"
 PYTHON="${PYTHON:-python3}"
+# Debian packages of the real node, each with a file that shows it is installed.
+NODE_PACKAGES=(containerd:/usr/bin/containerd runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge)
 
 usage() {
-    echo "usage: $0 up|down|env" >&2
+    echo "usage: $0 up [--real-node] | load IMAGE... | env | down" >&2
     exit 2
 }
 
-[[ $# -eq 1 ]] || usage
-case "$1" in
+node_packages() {
+    local entry missing=()
+    for entry in "${NODE_PACKAGES[@]}"; do
+        [[ -e "${entry#*:}" ]] || missing+=("${entry%%:*}")
+    done
+    if ((${#missing[@]})); then
+        echo "installing ${missing[*]}" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null ||
+            { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive \
+                apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
+    fi
+}
+
+[[ $# -ge 1 ]] || usage
+command="$1"
+shift
+case "${command}" in
 up)
+    real_node=()
+    case "${1:-}" in
+    "") ;;
+    --real-node)
+        [[ ${EUID} -eq 0 ]] || { echo "a real node needs root (containerd, netns, iptables)" >&2; exit 1; }
+        real_node=(--real-node)
+        ;;
+    *) usage ;;
+    esac
     bin_dir="$("${HACK_DIR}/cluster-binaries.sh" | tail -n 1)"
     mkdir -p "${STATE_DIR}"
-    "${PYTHON}" "${HACK_DIR}/controlplane.py" up --state-dir "${STATE_DIR}" --bin-dir "${bin_dir}" >/dev/null
+    ((${#real_node[@]} == 0)) || node_packages
+    "${PYTHON}" "${HACK_DIR}/controlplane.py" up --state-dir "${STATE_DIR}" --bin-dir "${bin_dir}" \
+        "${real_node[@]}" >/dev/null
+    if ((${#real_node[@]})); then
+        "${PYTHON}" "${HACK_DIR}/real-node.py" up --state-dir "${STATE_DIR}" || {
+            "${PYTHON}" "${HACK_DIR}/controlplane.py" down --state-dir "${STATE_DIR}"
+            exit 1
+        }
+        echo "images: $0 load IMAGE... (from the local Docker engine)" >&2
+    fi
     echo "ready; to use it: eval \"\$($0 env)\"" >&2
     ;;
+load)
+    [[ $# -ge 1 ]] || usage
+    "${PYTHON}" "${HACK_DIR}/real-node.py" load --state-dir "${STATE_DIR}" "$@"
+    ;;
 down)
+    if [[ -d "${STATE_DIR}/node" ]]; then
+        "${PYTHON}" "${HACK_DIR}/real-node.py" down --state-dir "${STATE_DIR}"
+    fi
     "${PYTHON}" "${HACK_DIR}/controlplane.py" down --state-dir "${STATE_DIR}"
     ;;
 env)

@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""A real single node for Muralist's control plane (feasibility spike for issue 8).
+"""A real single node for Muralist's control plane, the way hack/local-up-cluster.sh runs one.
 
-containerd (Debian's package, its own root/state/socket in WORK), runc, the bridge CNI plugins
+containerd (Debian's package, its own socket and state in WORK), runc, the bridge CNI plugins
 (Debian's containernetworking-plugins), a locally built pause image, CoreDNS on the bridge
-gateway and kubelet registered as node `muralist-node`. Root only. Standard library only.
+gateway and kubelet registered as node `muralist-node`. Pods reach the API server through the
+`kubernetes` Service address (a DNAT rule standing in for kube-proxy). Root only; standard
+library only. Nothing is pulled: images come from the local Docker engine (`docker save | ctr
+import`) into an image store kept between runs (~/.cache/muralist/containerd), so an unchanged
+image is imported once.
 
-    node = RealNode(bin_dir, work_dir, kubeconfig)   # kubeconfig: an admin kubeconfig
-    node.start()            # returns once the node is Ready
-    node.import_image(tar)  # `docker save` output -> containerd's k8s.io namespace
-    node.stop()             # pods deleted, processes stopped, bridge/mounts/cgroups removed
+    cp = cpl.ControlPlane(bin_dir, dir, nodes=(), pod_gateway=cpl.POD_GATEWAY); cp.start()
+    node = RealNode(bin_dir, work_dir, cp.kubeconfig)
+    node.start()                                 # returns once the node is Ready
+    node.load_docker_image("muralist-runtime:dev")
+    node.stop()                                  # pods deleted, processes stopped, host cleaned
 
-As a command, together with hack/controlplane.py's ControlPlane (no kwok nodes):
+As a command (hack/dev-cluster.sh up --real-node runs these after `controlplane.py up --real-node`):
 
-    python3 hack/real-node.py up --work-dir DIR [--image muralist-base:bookworm ...]
-    python3 hack/real-node.py down --work-dir DIR
+    python3 hack/real-node.py up   --state-dir DIR   # node in DIR/node, for DIR/cluster/kubeconfig
+    python3 hack/real-node.py load --state-dir DIR IMAGE...
+    python3 hack/real-node.py down --state-dir DIR
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 HACK_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(HACK_DIR))
@@ -39,22 +47,13 @@ NODE_NAME = "muralist-node"
 NODE_LABEL = ("muralist.dev/real-node", "true")
 BRIDGE = "mural0"
 POD_SUBNET = "10.88.0.0/16"
-GATEWAY = "10.88.0.1"
+GATEWAY = cpl.POD_GATEWAY
+# containerd's root (content and snapshots): kept between runs so an image is imported once.
+IMAGE_STORE = Path(os.environ.get("MURALIST_CONTAINERD_ROOT", Path.home() / ".cache/muralist/containerd"))
 PAUSE_IMAGE = "muralist-pause:local"
 CNI_BIN_DIR = "/usr/lib/cni"
-FORWARD_RULE = (
-    "FORWARD",
-    "-i",
-    BRIDGE,
-    "-o",
-    BRIDGE,
-    "-m",
-    "comment",
-    "--comment",
-    "muralist real node",
-    "-j",
-    "ACCEPT",
-)
+RULE_COMMENT = ("-m", "comment", "--comment", "muralist real node")
+FORWARD_RULE = ("FORWARD", "-i", BRIDGE, "-o", BRIDGE, *RULE_COMMENT, "-j", "ACCEPT")
 PAUSE_C = r"""
 #include <signal.h>
 #include <unistd.h>
@@ -76,6 +75,13 @@ def sh(*args: str, check: bool = True, **kw: object) -> subprocess.CompletedProc
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr[-3000:]}{proc.stdout[-1000:]}")
     return proc
+
+
+def delete_rules(table: str, chain: str) -> None:
+    """Every rule of ours (by comment) in one chain."""
+    for line in sh("iptables", "-t", table, "-S", chain, check=False).stdout.splitlines():
+        if RULE_COMMENT[-1] in line and line.startswith("-A "):
+            sh("sh", "-c", f"iptables -t {table} -D {line[3:]}", check=False)
 
 
 # --------------------------------------------------------------------------- pause image
@@ -122,11 +128,14 @@ def build_pause(work: Path) -> Path:
 
 
 class RealNode:
-    def __init__(self, bin_dir: Path, work_dir: Path, kubeconfig: Path, timeout: float = 120) -> None:
+    def __init__(
+        self, bin_dir: Path, work_dir: Path, kubeconfig: Path, timeout: float = 120, image_store: Path = IMAGE_STORE
+    ) -> None:
         self.bin_dir = Path(bin_dir)
         self.work = Path(work_dir).resolve()
         self.kubeconfig = Path(kubeconfig)
         self.timeout = timeout
+        self.image_store = Path(image_store).resolve()
         self.sock = self.work / "containerd.sock"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         # containerd (like `ip netns add`) bind-mounts /run/netns onto itself: undo it if it was not so.
@@ -167,8 +176,13 @@ class RealNode:
             raise
 
     def _start(self) -> None:
-        for sub in ("logs", "cni/net.d", "cni/ipam", "containerd/root", "containerd/state", "kubelet"):
+        if self._mounts():  # never delete through a pod's volume mount
+            raise RuntimeError(f"mounts left under {self.work} by an earlier run: `down` it first")
+        for stale in ("cni", "containerd", "kubelet"):  # of an earlier run in the same work dir
+            shutil.rmtree(self.work / stale, ignore_errors=True)
+        for sub in ("logs", "cni/net.d", "cni/ipam", "containerd/state", "kubelet"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
+        self.image_store.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
         pause_tar = build_pause(self.work)
         self._timed("pause image", t)
@@ -182,6 +196,10 @@ class RealNode:
         # sets to DROP: accept what stays on our bridge (removed again in stop()).
         if sh("iptables", "-C", *FORWARD_RULE, check=False).returncode != 0:
             sh("iptables", "-I", *FORWARD_RULE)
+        # No kube-proxy: the one Service pods need by address, `kubernetes`, is DNATed to the API
+        # server (which serves on all addresses, see cpl.ControlPlane's pod_gateway).
+        if sh("iptables", "-t", "nat", "-C", *self._api_rule(), check=False).returncode != 0:
+            sh("iptables", "-t", "nat", "-I", *self._api_rule())
         self._write_cni()
 
         t = time.monotonic()
@@ -224,6 +242,14 @@ class RealNode:
         cpl.poll(ready, self.timeout, f"node {NODE_NAME} Ready", interval=1, alive=self._alive)
         self._timed("kubelet up, node Ready", t)
 
+    def _api_rule(self) -> tuple[str, ...]:
+        server = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        port = server.rsplit(":", 1)[1]
+        return (
+            "PREROUTING", "-s", POD_SUBNET, "-d", cpl.SERVICE_IP, "-p", "tcp", "--dport", "443", *RULE_COMMENT,
+            "-j", "DNAT", "--to-destination", f"{GATEWAY}:{port}",
+        )  # fmt: skip
+
     def _dig_ok(self) -> bool:
         import socket
 
@@ -239,24 +265,48 @@ class RealNode:
         return data[:2] == b"\x12\x34" and (data[3] & 0x0F) == 0 and data[7] > 0
 
     def import_image(self, tar: Path) -> None:
+        """A `docker save`-format archive into containerd's k8s.io namespace, unpacked."""
         with open(tar, "rb") as f:
-            proc = subprocess.run(
-                ["ctr", "--address", str(self.sock), "-n", "k8s.io", "images", "import", "--no-unpack=false", "-"],
-                stdin=f,
-                capture_output=True,
-                text=True,
-            )
+            self._import(f)
+
+    def _import(self, stream: Any) -> None:
+        proc = subprocess.run(
+            ["ctr", "--address", str(self.sock), "-n", "k8s.io", "images", "import", "-"],
+            stdin=stream,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
-            # older ctr has no --no-unpack=false spelling
-            with open(tar, "rb") as f:
-                proc = subprocess.run(
-                    ["ctr", "--address", str(self.sock), "-n", "k8s.io", "images", "import", "-"],
-                    stdin=f,
-                    capture_output=True,
-                    text=True,
-                )
-        if proc.returncode != 0:
-            raise RuntimeError(f"ctr images import {tar}: {proc.stderr}")
+            raise RuntimeError(f"ctr images import: {proc.stderr[-3000:]}")
+
+    def load_docker_image(self, name: str, docker: str = "docker") -> bool:
+        """`docker save NAME | ctr images import`, unless this very image (by Docker image ID) is
+        already in the image store; True when it was imported."""
+        image_id = sh(docker, "image", "inspect", "--format", "{{.Id}}", name).stdout.strip()
+        stamp = self.image_store / "muralist-imported" / name.replace("/", "_").replace(":", "_")
+        ref = name if "/" in name.split(":")[0] else f"docker.io/library/{name}"
+        present = self.ctr("images", "ls", "-q", f"name=={ref}", check=False).stdout.split()
+        previous = stamp.read_text() if stamp.is_file() else None
+        if present and previous == image_id:
+            log(f"{name}: {image_id[:19]} already imported")
+            return False
+        t = time.monotonic()
+        save = subprocess.Popen([docker, "save", name], stdout=subprocess.PIPE)
+        try:
+            self._import(save.stdout)
+        finally:
+            if save.stdout:
+                save.stdout.close()
+            if save.wait() != 0:
+                raise RuntimeError(f"docker save {name} failed ({save.returncode})")
+        if previous and previous != image_id:
+            # Dropped after the import, so the layers both versions share are not unpacked
+            # again; with them goes the reference CRI adds by image ID, or old GBs would pile up.
+            self.ctr("images", "rm", "--sync", previous, check=False)
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(image_id)
+        self._timed(f"import {name}", t)
+        return True
 
     # ----- configuration
     def _write_cni(self) -> None:
@@ -289,7 +339,7 @@ class RealNode:
         w = self.work
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         (w / "containerd.toml").write_text(f"""version = 2
-root = "{w}/containerd/root"
+root = "{self.image_store}"
 state = "{w}/containerd/state"
 [grpc]
   address = "{self.sock}"
@@ -360,8 +410,7 @@ state = "{w}/containerd/state"
 
     # ----- stop
     def stop(self, drain_timeout: float = 60) -> None:
-        kubelet = self.procs.get("kubelet")
-        if kubelet is not None and kubelet.poll() is None:
+        if self._running("kubelet"):
             # Pods deleted while kubelet runs get a proper StopPodSandbox (CNI DEL, netns unmount).
             self.kubectl(
                 "delete",
@@ -376,7 +425,7 @@ state = "{w}/containerd/state"
             )
             self.kubectl("delete", "node", NODE_NAME, "--wait=false", check=False)
         self._stop_proc("kubelet")
-        if "containerd" in self.procs and self.procs["containerd"].poll() is None:
+        if self._running("containerd"):
             # Whatever is left: kill tasks, remove containers and the sandboxes' network.
             for cid in self.ctr("containers", "list", "-q", check=False).stdout.split():
                 self.ctr("tasks", "kill", "-s", "SIGKILL", cid, check=False)
@@ -388,6 +437,13 @@ state = "{w}/containerd/state"
         self._stop_proc("containerd")
         self._kill_shims()
         self._cleanup_host()
+
+    def _running(self, name: str) -> bool:
+        """Ours, started here or (for `down`) by an earlier `up` that left its pid file."""
+        if name in self.procs:
+            return self.procs[name].poll() is None
+        pidfile = self.work / f"{name}.pid"
+        return pidfile.is_file() and cpl.pid_alive(int(pidfile.read_text()))
 
     def _stop_proc(self, name: str) -> None:
         proc = self.procs.pop(name, None)
@@ -421,14 +477,14 @@ state = "{w}/containerd/state"
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(entry.name), signal.SIGKILL)
 
+    def _mounts(self) -> list[str]:
+        points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        return [m for m in points if m.startswith((f"{self.work}/", "/run/netns/cni-"))]
+
     def _cleanup_host(self) -> None:
         # Mounts under the work dir (overlay rootfs, netns, tmpfs volumes, shm), deepest first.
         for _ in range(3):
-            mounts = [
-                line.split()[1]
-                for line in Path("/proc/self/mounts").read_text().splitlines()
-                if line.split()[1].startswith(str(self.work)) or line.split()[1].startswith("/run/netns/cni-")
-            ]
+            mounts = self._mounts()
             if not mounts:
                 break
             for m in sorted(mounts, key=len, reverse=True):
@@ -439,8 +495,8 @@ state = "{w}/containerd/state"
             sh("umount", "/run/netns", check=False)
         # veth peers go with their netns; the bridge is ours.
         sh("ip", "link", "delete", BRIDGE, check=False)
-        while sh("iptables", "-D", *FORWARD_RULE, check=False).returncode == 0:
-            pass
+        delete_rules("filter", "FORWARD")
+        delete_rules("nat", "PREROUTING")
         # kubelet's cgroups (cgroupfs driver): kubepods trees, deepest first.
         for root in Path("/sys/fs/cgroup").iterdir():
             tree = root / "kubepods"
@@ -452,41 +508,31 @@ state = "{w}/containerd/state"
                     tree.rmdir()
 
 
-class ControlPlane(cpl.ControlPlane):
-    """hack/controlplane.py's control plane, reaching the kubelet by its InternalIP (for logs/exec:
-    the node name does not resolve on the host). Use with nodes=() so no kwok node competes."""
-
-    def _apiserver_args(self) -> list[str]:
-        return [*super()._apiserver_args(), "--kubelet-preferred-address-types=InternalIP"]
-
-
 # --------------------------------------------------------------------------- CLI
 
 
+def _node(state_dir: Path) -> RealNode:
+    return RealNode(cpl.default_bin_dir(), state_dir / "node", state_dir / "cluster" / "kubeconfig")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("action", choices=["smoke"])
-    p.add_argument("--work-dir", default="/tmp/mn")
-    p.add_argument("--image-tar", action="append", default=[])
-    args = p.parse_args(argv)
-    work = Path(args.work_dir)
-    bin_dir = cpl.default_bin_dir()
-    cp = ControlPlane(bin_dir, work / "cp", nodes=())
-    t = time.monotonic()
-    cp.start()
-    log(f"control plane: {time.monotonic() - t:.1f} s")
-    node = RealNode(bin_dir, work / "node", cp.kubeconfig)
-    try:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=["up", "load", "down"])
+    p.add_argument("images", nargs="*", help="load: local Docker images to import")
+    p.add_argument("--state-dir", type=Path, required=True, help="hack/controlplane.py's state dir")
+    args = p.parse_intermixed_args(argv)
+    state_dir = args.state_dir.resolve()
+    node = _node(state_dir)
+    if args.action == "up":
+        if not node.kubeconfig.is_file():
+            p.error(f"no control plane in {state_dir}: hack/controlplane.py up --real-node first")
         node.start()
-        for tar in args.image_tar:
-            t = time.monotonic()
-            node.import_image(Path(tar))
-            log(f"import {tar}: {time.monotonic() - t:.1f} s")
-        print(f"KUBECONFIG={cp.kubeconfig}")
-        input("node up; press enter to stop\n")
-    finally:
+        log(f"node {NODE_NAME} Ready; logs in {node.logs}")
+    elif args.action == "load":
+        for image in args.images:
+            node.load_docker_image(image)
+    else:
         node.stop()
-        cp.stop()
     return 0
 
 
