@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, import contracts, unit, runtime (real torchrun on CPU) and
-# cluster tests (a real control plane built from Go modules; the first build takes minutes).
+# cluster tests (a real control plane built from Go modules; the first build takes minutes),
+# image tests and end-to-end tests on a real node (Docker, containerd, kubelet; root).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 ensure_venv
@@ -11,6 +12,8 @@ export MURALIST_K8S_BIN
 export MURALIST_REQUIRE_CLUSTER=1
 # Likewise the image tests: they install and start a Docker engine when none runs (as root).
 export MURALIST_REQUIRE_DOCKER=1
+# And the real-node tests (tests/e2e, root): containerd, kubelet and CoreDNS run real pods.
+export MURALIST_REQUIRE_E2E=1
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports"
 exec "$VENV/bin/python" -m pytest "$@"

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 BASE_IMAGE = "muralist-base:bookworm"
+TEST_LABEL = "dev.muralist.test-build=true"
 REPO = Path(__file__).resolve().parents[1]
 # HTTPS from a build goes through the host's proxy: trust what the host trusts.
 EXTRA_CA = Path(os.environ.get("MURALIST_EXTRA_CA", "/etc/ssl/certs/ca-certificates.crt"))
@@ -81,7 +82,10 @@ class Docker:
         """One target of the project's Dockerfile on `base` (both targets' base ARGs)."""
         secret = ["--secret", f"id=extra_ca,src={EXTRA_CA}"] if EXTRA_CA.is_file() else []
         base_args = [f for arg in ("PYTHON_BASE", "RUNTIME_BASE") for f in ("--build-arg", f"{arg}={base}")]
-        self("build", "--target", target, *base_args, *secret, "-t", tag, str(REPO), timeout=1800)
+        self("build", "--target", target, *base_args, *secret, "--label", TEST_LABEL, "-t", tag, str(REPO),
+             timeout=1800)
+        # The previous build of this tag is now untagged: drop it, or GBs pile up run after run.
+        self("image", "prune", "--force", "--filter", f"label={TEST_LABEL}", check=False)
         return tag
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import BASE_IMAGE, RealCluster
+from tests.e2e.conftest import RealCluster
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +29,7 @@ fi
 """
 
 
-def manifests() -> str:
+def manifests(image: str) -> str:
     svc = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -54,12 +54,11 @@ def manifests() -> str:
                     "subdomain": "pair",
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
-                    "nodeSelector": {"muralist.dev/real-node": "true"},
-                    "terminationGracePeriodSeconds": 1,
+                                        "terminationGracePeriodSeconds": 1,
                     "containers": [
                         {
                             "name": "c",
-                            "image": BASE_IMAGE,
+                            "image": image,
                             "imagePullPolicy": "Never",
                             "command": ["bash", "-c", SCRIPT],
                         }
@@ -71,8 +70,8 @@ def manifests() -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": [svc, job]})
 
 
-def test_indexed_job_pods_reach_each_other_by_dns(real_cluster: RealCluster) -> None:
-    real_cluster.kubectl("apply", "-f", "-", input=manifests())
+def test_indexed_job_pods_reach_each_other_by_dns(real_cluster: RealCluster, node_base_image: str) -> None:
+    real_cluster.kubectl("apply", "-f", "-", input=manifests(node_base_image))
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         status = json.loads(real_cluster.kubectl("get", "job", "pair", "-o", "json").stdout)["status"]
