@@ -1,17 +1,18 @@
 """A real single-node cluster for the `e2e` tests (marker `e2e`; root, minutes).
 
-The control plane of hack/controlplane.py without kwok nodes, serving the API to pods, plus
-hack/real-node.py's node: Debian's containerd/runc/CNI plugins, a locally built pause image,
-CoreDNS and kubelet (built by hack/cluster-binaries.sh). The runtime image is built from the
-project's Dockerfile on the local Debian base (tests/docker_plugin.py) and imported into
-containerd; nothing is pulled. The operator runs as a host process with an admin kubeconfig.
+Brought up and down with the same command a person uses, `hack/dev-cluster.sh up --real-node`
+(hack/controlplane.py's control plane without kwok nodes, plus hack/real-node.py's node:
+Debian's containerd/runc/CNI plugins, a locally built pause image, CoreDNS and kubelet), in a
+state dir of the session's own; after `down` the fixture checks that no process, mount,
+interface or iptables rule is left. The runtime image is built from the project's Dockerfile on
+the local Debian base (tests/docker_plugin.py) and loaded with `dev-cluster.sh load`: nothing is
+pulled. The operator runs as a host process with the admin kubeconfig.
 
-Without root, apt or Docker the tests skip, or fail when MURALIST_REQUIRE_E2E=1 (hack/test.sh).
+Without root or the binaries the tests skip, or fail when MURALIST_REQUIRE_E2E=1 (hack/test.sh).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -25,22 +26,16 @@ from typing import Any
 
 import pytest
 
+from tests.cluster_plugin import load_controlplane
 from tests.docker_plugin import Docker, timed
 from tests.kube_helpers import wait_for
 from tests.operator_helpers import DJ, OperatorProcess, apply_crd
 
 REPO = Path(__file__).resolve().parents[2]
+DEV_CLUSTER = REPO / "hack" / "dev-cluster.sh"
 RUNTIME_IMAGE = "muralist-runtime:e2e"
-PACKAGES = {"containerd": "containerd", "runc": "runc", "/usr/lib/cni/bridge": "containernetworking-plugins"}
-
-
-def _load_hack_module(name: str, file: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, REPO / "hack" / file)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+BRIDGE = "mural0"
+RULE_COMMENT = "muralist real node"
 
 
 def _unavailable(reason: str) -> None:
@@ -49,26 +44,22 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _ensure_packages() -> None:
-    missing = [pkg for path, pkg in PACKAGES.items() if not (shutil.which(path) or os.path.exists(path))]
-    if not missing:
-        return
-    if shutil.which("apt-get") is None:
-        _unavailable(f"{', '.join(missing)} missing and no apt-get to install them")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update"], check=True, capture_output=True, env=env)
-    subprocess.run(
-        ["apt-get", "install", "-y", "--no-install-recommends", *missing], check=True, capture_output=True, env=env
-    )
-
-
 @dataclass
 class RealCluster:
+    state_dir: Path
     kubeconfig: Path
     bin_dir: Path
     api: Any  # kubernetes.client.ApiClient, cluster admin
-    node: Any  # hack/real-node.py's RealNode
-    work: Path
+
+    def dev_cluster(self, *args: str, timeout: float = 900) -> str:
+        """hack/dev-cluster.sh on this cluster's state dir; its stderr (the step log) on success."""
+        env = {**os.environ, "MURALIST_DEV_CLUSTER_DIR": str(self.state_dir), "PYTHON": sys.executable}
+        proc = subprocess.run(
+            ["bash", str(DEV_CLUSTER), *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
+        if proc.returncode != 0:
+            raise AssertionError(f"dev-cluster.sh {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        return proc.stderr
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
@@ -83,62 +74,82 @@ class RealCluster:
         return proc
 
 
+def leftovers(state_dir: Path) -> list[str]:
+    """What a real node could leave on the host: processes (components, containerd shims, pods),
+    mounts, the bridge, iptables rules."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            zombie = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            continue
+        if str(state_dir) in cmd and not zombie:
+            found.append(f"process {entry.name}: {cmd[:200]}")
+    found += [
+        f"mount {line.split()[1]}"
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+        if line.split()[1].startswith((f"{state_dir}/", "/run/netns/cni-"))
+    ]
+    if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
+        found.append(f"interface {BRIDGE}")
+    for table in ("filter", "nat"):
+        rules = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True).stdout
+        found += [f"iptables -t {table} {rule}" for rule in rules.splitlines() if RULE_COMMENT in rule]
+    return found
+
+
 @pytest.fixture(scope="session")
 def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
-    pytestconfig = request.config
     if os.geteuid() != 0:
         _unavailable("a real node needs root (containerd, network namespaces, iptables)")
-    with timed(pytestconfig, "apt-get install containerd runc CNI plugins"):
-        _ensure_packages()
-    rn = _load_hack_module("muralist_real_node", "real-node.py")
-    cpl = rn.cpl
-    bin_dir = cpl.default_bin_dir()
-    missing = [b for b in (*cpl.BINARIES, "kubelet", "coredns") if not (bin_dir / b).is_file()]
+    bin_dir = load_controlplane().default_bin_dir()
+    missing = [b for b in ("kube-apiserver", "kubelet", "coredns") if not (bin_dir / b).is_file()]
     if missing:
         _unavailable(f"{', '.join(missing)} not in {bin_dir}: run hack/cluster-binaries.sh")
-    work = Path(tempfile.mkdtemp(prefix="mn-", dir="/tmp"))  # short: containerd's socket paths
-    cp = cpl.ControlPlane(bin_dir, work / "cp", nodes=(), pod_gateway=cpl.POD_GATEWAY)
-    node = rn.RealNode(bin_dir, work / "node", cp.kubeconfig)
+    state_dir = Path(tempfile.mkdtemp(prefix="mn-", dir="/tmp"))  # short: containerd's socket paths
+    cluster = RealCluster(state_dir, state_dir / "cluster" / "kubeconfig", bin_dir, None)
     failed_before = request.session.testsfailed
     from kubernetes import config
 
     try:
-        with timed(pytestconfig, "real node: control plane up"):
-            cp.start()
-        with timed(pytestconfig, "real node: containerd, CoreDNS, kubelet up"):
-            node.start()
-        api = config.new_client_from_config(config_file=str(cp.kubeconfig))
-        try:
-            yield RealCluster(cp.kubeconfig, bin_dir, api, node, work)
-        finally:
-            api.close()
+        with timed(request.config, "dev-cluster.sh up --real-node"):
+            sys.stderr.write(cluster.dev_cluster("up", "--real-node"))
+        cluster.api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        yield cluster
     finally:
-        with timed(pytestconfig, "real node: down"):
-            node.stop()
-            cp.stop()
+        if cluster.api is not None:
+            cluster.api.close()
+        with timed(request.config, "dev-cluster.sh down"):
+            cluster.dev_cluster("down")
         if request.session.testsfailed > failed_before:
             keep = Path(tempfile.gettempdir()) / f"muralist-e2e-logs-{os.getpid()}"
-            shutil.copytree(work / "node" / "logs", keep / "node", dirs_exist_ok=True)
-            shutil.copytree(cp.log_dir, keep / "control-plane", dirs_exist_ok=True)
+            for part in ("cluster", "node"):
+                if (state_dir / part / "logs").is_dir():
+                    shutil.copytree(state_dir / part / "logs", keep / part, dirs_exist_ok=True)
             sys.stderr.write(f"\nreal-node logs kept in {keep}\n")
-        shutil.rmtree(work, ignore_errors=True)
+        left = leftovers(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        assert not left, f"dev-cluster.sh down left behind: {left}"
 
 
 @pytest.fixture(scope="session")
 def runtime_image(real_cluster: RealCluster, docker: Docker, base_image: str, pytestconfig: pytest.Config) -> str:
-    """The project's runtime image (CUDA torch wheels, ~6 GB), built and imported into the node.
+    """The project's runtime image (CUDA torch wheels, ~6 GB), built and loaded into the node.
     Docker's layer cache and the node's kept image store make both steps quick after the first."""
     with timed(pytestconfig, "docker build --target runtime"):
         docker.build("runtime", RUNTIME_IMAGE, base_image)
-    with timed(pytestconfig, "runtime image into containerd"):
-        real_cluster.node.load_docker_image(RUNTIME_IMAGE, docker.cli)
+    with timed(pytestconfig, "dev-cluster.sh load (runtime image)"):
+        sys.stderr.write(real_cluster.dev_cluster("load", RUNTIME_IMAGE))
     return RUNTIME_IMAGE
 
 
 @pytest.fixture(scope="session")
 def node_base_image(real_cluster: RealCluster, docker: Docker, base_image: str) -> str:
     """The local Debian base (bash, perl) in the node's image store."""
-    real_cluster.node.load_docker_image(base_image, docker.cli)
+    real_cluster.dev_cluster("load", base_image)
     return base_image
 
 
