@@ -25,8 +25,9 @@ set -euo pipefail
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 STATE_DIR="${MURALIST_DEV_CLUSTER_DIR:-$HOME/.cache/muralist/dev-cluster}"
 PYTHON="${PYTHON:-python3}"
-# Debian packages of the real node, each with a file that shows it is installed.
-NODE_PACKAGES=(containerd:/usr/bin/containerd runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge)
+# Debian packages of the real node, each with a command or file that shows it is installed.
+NODE_PACKAGES=(containerd:containerd runc:runc containernetworking-plugins:/usr/lib/cni/bridge
+    iptables:iptables iproute2:ip gcc:gcc libc6-dev:/usr/lib/x86_64-linux-gnu/libc.a)
 
 usage() {
     echo "usage: $0 up [--real-node] | load IMAGE... | env | down" >&2
@@ -36,7 +37,7 @@ usage() {
 node_packages() {
     local entry missing=()
     for entry in "${NODE_PACKAGES[@]}"; do
-        [[ -e "${entry#*:}" ]] || missing+=("${entry%%:*}")
+        [[ -e "${entry#*:}" ]] || command -v "${entry#*:}" >/dev/null || missing+=("${entry%%:*}")
     done
     if ((${#missing[@]})); then
         echo "installing ${missing[*]}" >&2
