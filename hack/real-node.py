@@ -51,6 +51,8 @@ GATEWAY = cpl.POD_GATEWAY
 # containerd's root (content and snapshots): kept between runs so an image is imported once.
 IMAGE_STORE = Path(os.environ.get("MURALIST_CONTAINERD_ROOT", Path.home() / ".cache/muralist/containerd"))
 PAUSE_IMAGE = "muralist-pause:local"
+# Refs that hold an image's previous version while a new one is imported (see load_docker_image).
+KEEP_PREFIX = "muralist.local/keep/"
 CNI_BIN_DIR = "/usr/lib/cni"
 RULE_COMMENT = ("-m", "comment", "--comment", "muralist real node")
 FORWARD_RULE = ("FORWARD", "-i", BRIDGE, "-o", BRIDGE, *RULE_COMMENT, "-j", "ACCEPT")
@@ -209,6 +211,7 @@ class RealNode:
             lambda: self.ctr("version", check=False).returncode == 0, self.timeout, "containerd", alive=self._alive
         )
         self._timed("containerd up", t)
+        self._drop_leftovers_of_interrupted_loads()
         t = time.monotonic()
         self.import_image(pause_tar)
         self._timed("import pause", t)
@@ -291,6 +294,28 @@ class RealNode:
             log(f"{name}: {image_id[:19]} already imported")
             return False
         t = time.monotonic()
+        # The import moves `ref` to the new image before unpacking it; from then on the old
+        # version's snapshots, which the unpack reuses for the layers both share, belong to no
+        # image, and a garbage collection between the unpacker's check of a shared layer and its
+        # use as a parent fails the import ("parent snapshot ... does not exist"). A second ref
+        # keeps the old version whole until the new one is unpacked.
+        keep = KEEP_PREFIX + ref
+        if present:
+            self.ctr("images", "tag", "--force", ref, keep)
+        try:
+            self._import_from_docker(docker, name)
+        finally:
+            if present:
+                self.ctr("images", "rm", keep, check=False)
+        if previous and previous != image_id:
+            # Also drop the reference containerd's CRI plugin adds by image ID, or old GBs pile up.
+            self.ctr("images", "rm", previous, check=False)
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(image_id)
+        self._timed(f"import {name}", t)
+        return True
+
+    def _import_from_docker(self, docker: str, name: str) -> None:
         save = subprocess.Popen([docker, "save", name], stdout=subprocess.PIPE)
         try:
             self._import(save.stdout)
@@ -299,14 +324,20 @@ class RealNode:
                 save.stdout.close()
             if save.wait() != 0:
                 raise RuntimeError(f"docker save {name} failed ({save.returncode})")
-        if previous and previous != image_id:
-            # Dropped after the import, so the layers both versions share are not unpacked
-            # again; with them goes the reference CRI adds by image ID, or old GBs would pile up.
-            self.ctr("images", "rm", "--sync", previous, check=False)
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(image_id)
-        self._timed(f"import {name}", t)
-        return True
+
+    def _drop_leftovers_of_interrupted_loads(self) -> None:
+        """A `ctr import` killed part-way leaves its lease, which pins everything it wrote (GBs)
+        for a day, and a `load` killed part-way its keep ref. Nothing else uses the store yet."""
+        keeps = [r for r in self.ctr("images", "ls", "-q").stdout.split() if r.startswith(KEEP_PREFIX)]
+        if keeps:
+            self.ctr("images", "rm", *keeps)
+        leases = self.ctr("leases", "ls", "-q").stdout.split()
+        if leases:
+            # --sync: what they pinned, half-unpacked layers included, is gone before any import
+            # could take one of those layers for a parent while a collection removes it.
+            self.ctr("leases", "rm", "--sync", *leases)
+        if leases or keeps:
+            log(f"dropped {len(leases)} lease(s) and {len(keeps)} ref(s) left by an interrupted load")
 
     # ----- configuration
     def _write_cni(self) -> None:
