@@ -55,6 +55,7 @@ def build_version(docker: Docker, base: str, context: Path, version: str) -> str
         IMAGE,
         str(context),
     )
+    docker("image", "prune", "--force", "--filter", f"label={TEST_LABEL}", check=False)  # the replaced version
     layers = json.loads(docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", IMAGE).stdout)
     chain = layers[0]
     for diff_id in layers[1:]:
