@@ -9,6 +9,7 @@ DiffusionJob's status through the progress ConfigMap with the pods' own least-pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from kubernetes import client
 from muralist_operator.render import HF_HOME, OUTPUT_MOUNT, SPEC_DIR, SPEC_KEY
@@ -121,10 +123,15 @@ class LocalNode:
 
     @staticmethod
     def kill(procs: list[subprocess.Popen[bytes]]) -> None:
-        """What the kubelet does to the containers of deleted pods."""
+        """What the kubelet does to the containers of deleted pods: every process in them, the
+        workers too (torchrun starts each in a session of its own, out of reach of a killpg)."""
         for proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                workers = psutil.Process(proc.pid).children(recursive=True)
+                os.killpg(proc.pid, signal.SIGKILL)  # the agent first, or it restarts the workers
+                for worker in workers:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        worker.kill()
                 proc.wait()
 
     def images(self) -> list[str]:
