@@ -1,5 +1,6 @@
 # Sourced by hack/*.sh and .ci/run: one virtual environment outside the clone, reused.
-# MURALIST_CACHE (default ~/.cache/muralist) holds the venv and the control-plane binaries.
+# MURALIST_CACHE (default ~/.cache/muralist) holds the venv; the control-plane binaries and the real
+# node's image store have their own (MURALIST_K8S_CACHE, MURALIST_CONTAINERD_ROOT).
 MURALIST_CACHE=${MURALIST_CACHE:-$HOME/.cache/muralist}
 VENV=${MURALIST_VENV:-$MURALIST_CACHE/venv}
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
