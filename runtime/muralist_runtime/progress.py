@@ -20,6 +20,7 @@ termination message Kubernetes keeps after the container exits.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import logging
 import os
@@ -79,12 +80,35 @@ def summary(counts: Counts, exit_code: int, permanent: bool, reason: str, messag
     return text
 
 
+# Every local rank of a container may write its one termination message, each with a reason.
+_SEVERITY = {"Completed": 0, "Error": 1, "PermanentFailure": 2}
+
+
+def _severity(text: str) -> int:
+    try:
+        return _SEVERITY.get(json.loads(text).get("reason"), 0)
+    except (ValueError, AttributeError):
+        return -1  # empty (nothing written yet) or unreadable
+
+
 def write_termination(text: str) -> None:
+    """Replace the termination message under an exclusive lock, unless it holds a more severe one.
+
+    Unlocked, two ranks failing together can interleave their writes into invalid JSON, and the
+    operator loses the reason. A rank's PermanentFailure also outlives the Error another rank
+    then hits in a collective, so the job is not retried in vain.
+    """
     path = termination_log_path()
     if path is None:
         return
     try:
-        path.write_text(text)
+        with os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            if _severity(f.read()) > _severity(text):
+                return
+            f.seek(0)
+            f.truncate()
+            f.write(text)
     except OSError as e:
         log.warning("cannot write the termination message to %s: %s", path, e)
 

@@ -136,6 +136,7 @@ def torchrun(
     spec_file = output.parent / f"{output.name}.spec.json"
     spec_file.write_text(spec_json)
     term = output.parent / f"{output.name}.termination"
+    term.unlink(missing_ok=True)  # a fresh one per run, as the kubelet gives each container
     port = free_port()
     procs = []
     for node in range(nnodes):

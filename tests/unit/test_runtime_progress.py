@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from muralist_runtime import progress
@@ -131,6 +134,43 @@ def test_termination_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert doc["exitCode"] == 78 and doc["permanent"] is True
     assert doc["message"].startswith("spec.parallelism.gpusPerNode: xxx")
     assert (doc["completed"], doc["skipped"], doc["total"]) == (1, 2, 5)
+
+
+def _rank_fails(path: str, message_length: int, start: Any) -> None:
+    os.environ["MURALIST_TERMINATION_LOG"] = path
+    start.wait()
+    progress.write_termination(progress.summary(Counts(), 1, False, "Error", "x" * message_length))
+
+
+def test_ranks_failing_together_leave_one_whole_termination_message(tmp_path: Path) -> None:
+    # One container, every local rank writing its message at the same moment, messages of
+    # different lengths: unlocked, their writes interleave into invalid JSON.
+    fork = multiprocessing.get_context("fork")
+    for pair in range(40):
+        path = tmp_path / f"termination-log-{pair}"
+        start = fork.Barrier(2)
+        ranks = [fork.Process(target=_rank_fails, args=(str(path), n, start)) for n in (10, 3000)]
+        for rank in ranks:
+            rank.start()
+        for rank in ranks:
+            rank.join(timeout=30)
+        assert len(json.loads(path.read_text())["message"]) in (10, 3000), f"pair {pair}"
+
+
+def test_a_permanent_failure_is_not_replaced_by_another_ranks_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "termination-log"
+    monkeypatch.setenv("MURALIST_TERMINATION_LOG", str(path))
+
+    def write(reason: str, message: str) -> str:
+        progress.write_termination(progress.summary(Counts(), 1, reason == "PermanentFailure", reason, message))
+        return json.loads(path.read_text())["message"]
+
+    assert write("Error", "rank 1: collective aborted") == "rank 1: collective aborted"
+    assert write("PermanentFailure", "spec.model.dtype: unsupported") == "spec.model.dtype: unsupported"
+    assert write("Error", "rank 0: collective aborted") == "spec.model.dtype: unsupported"
+    assert write("PermanentFailure", "spec.prompts: too long") == "spec.prompts: too long"
 
 
 def test_no_termination_log_outside_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
