@@ -7,6 +7,7 @@ is unpacked, even if containerd collects garbage meanwhile; nothing of it outliv
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,7 +17,6 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -70,7 +70,7 @@ def ctr(cluster: RealCluster, *args: str, check: bool = True) -> subprocess.Comp
     )
 
 
-@contextmanager
+@contextlib.contextmanager
 def garbage_collecting(cluster: RealCluster, *watched: str) -> Iterator[list[tuple[bool, ...]]]:
     """containerd collects garbage over and over (a synchronous removal runs a collection) while
     the body runs; yields, per collection, which of the `watched` snapshots existed after it."""
@@ -156,7 +156,7 @@ def test_a_load_killed_part_way_leaves_a_store_the_next_load_completes(
     build_version(docker, base_image, tmp_path, f"{run}-1")
     env = {**os.environ, "MURALIST_DEV_CLUSTER_DIR": str(real_cluster.state_dir), "PYTHON": sys.executable}
     load = subprocess.Popen(
-        ["bash", str(DEV_CLUSTER), "load", IMAGE], env=env, start_new_session=True, stderr=subprocess.PIPE
+        ["bash", str(DEV_CLUSTER), "load", IMAGE], env=env, start_new_session=True, stderr=subprocess.DEVNULL
     )
     try:
         wait_for(
@@ -166,7 +166,8 @@ def test_a_load_killed_part_way_leaves_a_store_the_next_load_completes(
         )
         assert load.poll() is None, "the load finished before it could be killed"
     finally:
-        os.killpg(load.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(load.pid, signal.SIGKILL)
         load.wait()
 
     log = real_cluster.dev_cluster("load", IMAGE)
