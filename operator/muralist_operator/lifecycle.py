@@ -16,6 +16,7 @@ from muralist_runtime.spec import (
     DiffusionJob,
     DiffusionJobStatus,
     Phase,
+    RunPolicy,
 )
 
 from muralist_operator.observe import Observed, PodView, RankReport
@@ -227,6 +228,13 @@ def decide_invalid(status: DiffusionJobStatus, generation: int | None, problems:
     return t.decision
 
 
+def _suspension(policy: RunPolicy) -> tuple[str, str]:
+    """Reason and message of a suspended job: the same whether its Job was just created or seen."""
+    if policy.suspend:
+        return "Suspended", "suspended by runPolicy.suspend"
+    return "Queued", f"waiting for Kueue to admit it from queue {policy.queue_name}"
+
+
 def decide(
     job: DiffusionJob, status: DiffusionJobStatus, generation: int | None, observed: Observed, now: datetime
 ) -> Decision:
@@ -268,9 +276,8 @@ def decide(
         t.event("Normal", "JobCreated", f"created pod group {attempt}: {par.nodes} pod(s), world size {par.world_size}")
         if st.phase == Phase.RESTARTING:
             return t.decision
-        suspended = policy.suspend or bool(policy.queue_name)
-        if suspended:
-            t.phase(Phase.SUSPENDED, "Queued" if policy.queue_name and not policy.suspend else "Suspended")
+        if policy.suspend or policy.queue_name:
+            t.phase(Phase.SUSPENDED, *_suspension(policy))
         else:
             t.phase(Phase.PENDING, "JobCreated", f"waiting for {par.nodes} pod(s)")
         return t.decision
@@ -290,14 +297,7 @@ def decide(
         elif not policy.suspend and current.suspended and not policy.queue_name:
             t.act(SetJobSuspend(False))
         if policy.suspend or (current.suspended and policy.queue_name):
-            reason = "Suspended" if policy.suspend else "Queued"
-            t.phase(
-                Phase.SUSPENDED,
-                reason,
-                "suspended by runPolicy.suspend"
-                if policy.suspend
-                else f"waiting for Kueue to admit it from queue {policy.queue_name}",
-            )
+            t.phase(Phase.SUSPENDED, *_suspension(policy))
             return t.decision
 
     # 6. Outcomes.

@@ -148,9 +148,12 @@ def test_suspend_and_resume() -> None:
 def test_kueue_queued_job_waits_for_admission() -> None:
     job = make_job().run_policy(queueName="gpu").job()
     first = decide(job, status(), 1, Observed(), NOW)
+    # The same words from the moment the Job is created as once it is seen waiting.
     assert first.status.phase == Phase.SUSPENDED
+    assert first.status.message == "waiting for Kueue to admit it from queue gpu"
     d = decide(job, first.status, 1, Observed(job=job_view(suspended=True)), NOW)
-    assert d.actions == [] and d.status.phase == Phase.SUSPENDED and "Kueue" in d.status.message
+    assert d.actions == [] and d.status.phase == Phase.SUSPENDED
+    assert (d.status.message, d.status.conditions) == (first.status.message, first.status.conditions)
 
 
 def test_deadline_fails_and_stops_the_group() -> None:
