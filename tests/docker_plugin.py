@@ -84,12 +84,15 @@ class Docker:
         base_args = [f for arg in ("PYTHON_BASE", "RUNTIME_BASE") for f in ("--build-arg", f"{arg}={base}")]
         self("build", "--target", target, *base_args, *secret, "--label", TEST_LABEL, "-t", tag, str(REPO),
              timeout=1800)
-        # The previous build of this tag is now untagged: drop it, or GBs pile up run after run.
-        self("image", "prune", "--force", "--filter", f"label={TEST_LABEL}", check=False)
-        # Docker 20.10 never collects BuildKit's cache: each dependency change left ~6 GB behind.
-        # What this build used is kept (the filter is on last use).
-        self("builder", "prune", "--all", "--force", "--filter", "until=72h", check=False)
+        self.prune_replaced_builds()
         return tag
+
+    def prune_replaced_builds(self) -> None:
+        """After a build labelled TEST_LABEL: the previous build of its tag is now untagged; drop
+        it, or GBs pile up run after run. Docker 20.10 never collects BuildKit's cache either
+        (each dependency change left ~6 GB): what the build used is kept (the filter is on last use)."""
+        self("image", "prune", "--force", "--filter", f"label={TEST_LABEL}", check=False)
+        self("builder", "prune", "--all", "--force", "--filter", "until=72h", check=False)
 
 
 def engine_up(cli: str) -> bool:

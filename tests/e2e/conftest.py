@@ -51,15 +51,24 @@ class RealCluster:
     bin_dir: Path
     api: Any  # kubernetes.client.ApiClient, cluster admin
 
+    def dev_cluster_command(self, *args: str) -> tuple[list[str], dict[str, str]]:
+        """hack/dev-cluster.sh's argv and environment for this cluster's state dir."""
+        env = {**os.environ, "MURALIST_DEV_CLUSTER_DIR": str(self.state_dir), "PYTHON": sys.executable}
+        return ["bash", str(DEV_CLUSTER), *args], env
+
     def dev_cluster(self, *args: str, timeout: float = 900) -> str:
         """hack/dev-cluster.sh on this cluster's state dir; its stderr (the step log) on success."""
-        env = {**os.environ, "MURALIST_DEV_CLUSTER_DIR": str(self.state_dir), "PYTHON": sys.executable}
-        proc = subprocess.run(
-            ["bash", str(DEV_CLUSTER), *args], env=env, capture_output=True, text=True, timeout=timeout
-        )
+        argv, env = self.dev_cluster_command(*args)
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise AssertionError(f"dev-cluster.sh {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
         return proc.stderr
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """containerd's CLI on the node's socket, in the namespace kubelet uses."""
+        sock = self.state_dir / "node" / "containerd.sock"
+        argv = ["ctr", "--address", str(sock), "-n", "k8s.io", *args]
+        return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=120)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(

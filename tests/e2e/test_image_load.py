@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.docker_plugin import TEST_LABEL, Docker
-from tests.e2e.conftest import DEV_CLUSTER, RealCluster
+from tests.e2e.conftest import RealCluster
 from tests.kube_helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -55,7 +54,7 @@ def build_version(docker: Docker, base: str, context: Path, version: str) -> str
         IMAGE,
         str(context),
     )
-    docker("image", "prune", "--force", "--filter", f"label={TEST_LABEL}", check=False)  # the replaced version
+    docker.prune_replaced_builds()
     layers = json.loads(docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", IMAGE).stdout)
     chain = layers[0]
     for diff_id in layers[1:]:
@@ -63,25 +62,23 @@ def build_version(docker: Docker, base: str, context: Path, version: str) -> str
     return chain
 
 
-def ctr(cluster: RealCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    sock = cluster.state_dir / "node" / "containerd.sock"
-    return subprocess.run(
-        ["ctr", "--address", str(sock), "-n", "k8s.io", *args], capture_output=True, text=True, check=check, timeout=120
-    )
+def collect_garbage(cluster: RealCluster) -> None:
+    """One collection, now: a synchronous image removal runs one."""
+    cluster.ctr("images", "tag", "--force", "docker.io/library/muralist-pause:local", "gc-trigger")
+    cluster.ctr("images", "rm", "--sync", "gc-trigger")
 
 
 @contextlib.contextmanager
 def garbage_collecting(cluster: RealCluster, *watched: str) -> Iterator[list[tuple[bool, ...]]]:
-    """containerd collects garbage over and over (a synchronous removal runs a collection) while
-    the body runs; yields, per collection, which of the `watched` snapshots existed after it."""
+    """containerd collects garbage over and over while the body runs; yields, per collection,
+    which of the `watched` snapshots existed after it."""
     seen: list[tuple[bool, ...]] = []
     stop = threading.Event()
 
     def collect() -> None:
         while not stop.is_set():
-            ctr(cluster, "images", "tag", "--force", "docker.io/library/muralist-pause:local", "gc-trigger")
-            ctr(cluster, "images", "rm", "--sync", "gc-trigger")
-            seen.append(tuple(ctr(cluster, "snapshots", "info", s, check=False).returncode == 0 for s in watched))
+            collect_garbage(cluster)
+            seen.append(tuple(cluster.ctr("snapshots", "info", s, check=False).returncode == 0 for s in watched))
 
     thread = threading.Thread(target=collect, daemon=True)
     thread.start()
@@ -113,12 +110,11 @@ def test_reloading_a_changed_image_keeps_its_previous_version_whole_until_the_ne
         f"the previous version's top snapshot was collected before the new one was unpacked: {while_unpacking}"
     )
 
-    refs = ctr(real_cluster, "images", "ls", "-q").stdout.split()
+    refs = real_cluster.ctr("images", "ls", "-q").stdout.split()
     assert REF in refs
     assert not [r for r in refs if r.startswith(KEEP_PREFIX)], refs
-    ctr(real_cluster, "images", "tag", "--force", REF, "gc-trigger")
-    ctr(real_cluster, "images", "rm", "--sync", "gc-trigger")
-    assert ctr(real_cluster, "snapshots", "info", previous_top, check=False).returncode != 0, (
+    collect_garbage(real_cluster)
+    assert real_cluster.ctr("snapshots", "info", previous_top, check=False).returncode != 0, (
         "the previous version outlived the load"
     )
     assert read_version_in_a_pod(real_cluster, run) == f"{run}-3"
@@ -154,13 +150,11 @@ def test_a_load_killed_part_way_leaves_a_store_the_next_load_completes(
 ) -> None:
     run = uuid.uuid4().hex[:8]
     build_version(docker, base_image, tmp_path, f"{run}-1")
-    env = {**os.environ, "MURALIST_DEV_CLUSTER_DIR": str(real_cluster.state_dir), "PYTHON": sys.executable}
-    load = subprocess.Popen(
-        ["bash", str(DEV_CLUSTER), "load", IMAGE], env=env, start_new_session=True, stderr=subprocess.DEVNULL
-    )
+    argv, env = real_cluster.dev_cluster_command("load", IMAGE)
+    load = subprocess.Popen(argv, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
     try:
         wait_for(
-            lambda: "extract-" in ctr(real_cluster, "snapshots", "ls").stdout or load.poll() is not None,
+            lambda: "extract-" in real_cluster.ctr("snapshots", "ls").stdout or load.poll() is not None,
             timeout=300,
             message="the load to start unpacking",
         )
@@ -172,5 +166,5 @@ def test_a_load_killed_part_way_leaves_a_store_the_next_load_completes(
 
     log = real_cluster.dev_cluster("load", IMAGE)
     assert f"import {IMAGE}" in log, log
-    assert not [r for r in ctr(real_cluster, "images", "ls", "-q").stdout.split() if r.startswith(KEEP_PREFIX)]
+    assert not [r for r in real_cluster.ctr("images", "ls", "-q").stdout.split() if r.startswith(KEEP_PREFIX)]
     assert read_version_in_a_pod(real_cluster, run) == f"{run}-1"
