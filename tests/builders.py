@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from muralist_runtime.spec import API_VERSION, KIND, DiffusionJob, parse_job
+from muralist_runtime.spec.api import API_VERSION, KIND, DiffusionJob
+from muralist_runtime.spec.problems import parse_job
 
 
 class JobBuilder:

@@ -77,7 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--namespace", "-n", action="append", default=[], help="Watch this namespace (repeatable); default all."
     )
-    p.add_argument("--all-namespaces", "-A", action="store_true", help="Watch all namespaces (the default).")
     p.add_argument("--runtime-image", default=None, help="Default runtime image (or MURALIST_RUNTIME_IMAGE).")
     p.add_argument("--health-port", type=int, default=8080, help="Liveness/readiness endpoint port (0: off).")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off).")

@@ -4,7 +4,8 @@ Pydantic emits JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema. T
 conversion inlines `$ref`s, turns `Optional[X]` into plain X (absent means unset), keeps
 defaults so the API server fills them in, and marks pass-through Kubernetes objects with
 `x-kubernetes-preserve-unknown-fields`. Cross-field rules are added as CEL at the paths
-in `CEL_RULES`; they mirror `muralist_runtime.spec.spec_problems`.
+in `CEL_RULES`; they mirror `muralist_runtime.spec.problems.spec_problems` and take their
+facts (backends, reserved names, limits) from the same catalog and contract.
 """
 
 from __future__ import annotations
@@ -12,17 +13,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from muralist_runtime.spec import (
-    DNS_LABEL_MAX,
-    GROUP,
-    KIND,
-    PLURAL,
-    SHORT_NAMES,
-    SINGULAR,
-    VERSION,
-    DiffusionJobSpec,
-    DiffusionJobStatus,
-)
+from muralist_runtime.spec.api import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, DiffusionJobSpec
+from muralist_runtime.spec.catalog import ATTENTION_BACKENDS, DNS_LABEL_MAX
+from muralist_runtime.spec.contract import reserved_env_cel
+from muralist_runtime.spec.status import DiffusionJobStatus
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 
@@ -32,6 +26,15 @@ _PPN = (
     "((self.strategy == 'DeviceMap' || self.gpusPerNode == 0) ? 1 : self.gpusPerNode))"
 )
 _CP_DEGREE = "(self.contextParallel.ringDegree * self.contextParallel.ulyssesDegree)"
+
+
+def _cel_list(names: list[str]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+_CP_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel]
+_RING_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel and b.lse]
+_CPU_CP_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel and b.cpu]
 
 
 def _rule(rule: str, message: str) -> dict[str, Any]:
@@ -130,13 +133,24 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
             "spec.parallelism.gpusPerNode: TensorParallel needs GPUs (diffusers refuses it on "
             "CPU); set gpusPerNode or use DataParallel / ContextParallel",
         ),
+        _rule(
+            "self.strategy != 'ContextParallel' || self.gpusPerNode > 0 || !has(self.contextParallel) || "
+            f"self.contextParallel.attentionBackend in {_cel_list(_CPU_CP_BACKENDS)}",
+            "spec.parallelism.contextParallel.attentionBackend: needs GPUs and this job has none; on CPU "
+            f"use one of {', '.join(_CPU_CP_BACKENDS)}",
+        ),
     ],
     "spec.parallelism.contextParallel": [
         _rule(
-            "self.ringDegree == 1 || self.attentionBackend != 'native'",
+            f"self.attentionBackend in {_cel_list(_CP_BACKENDS)}",
+            "spec.parallelism.contextParallel.attentionBackend: not a diffusers backend that supports "
+            f"context parallelism; use one of {', '.join(_CP_BACKENDS)}",
+        ),
+        _rule(
+            f"self.ringDegree == 1 || self.attentionBackend in {_cel_list(_RING_BACKENDS)}",
             "spec.parallelism.contextParallel.attentionBackend: ring attention (ringDegree > 1) "
-            "needs a backend that returns LSE, which 'native' does not; use flash or "
-            "_native_cudnn on GPUs, or set ringDegree: 1",
+            f"needs a backend that returns LSE; use one of {', '.join(_RING_BACKENDS)} on GPUs, "
+            "or set ringDegree: 1",
         ),
     ],
     "spec.output.path": [
@@ -149,9 +163,7 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
     ],
     "spec.podTemplate.env": [
         _rule(
-            "self.all(e, !e.name.startsWith('PET_') && !e.name.startsWith('MURALIST_') && "
-            "!(e.name in ['MASTER_ADDR', 'MASTER_PORT', 'RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
-            "'LOCAL_WORLD_SIZE', 'NODE_RANK', 'HF_TOKEN']))",
+            reserved_env_cel(),
             "spec.podTemplate.env: PET_*, MURALIST_*, torchrun's variables and HF_TOKEN are set "
             "by Muralist; rename or remove them (use model.tokenSecret for HF_TOKEN)",
         ),

@@ -18,37 +18,36 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from muralist_runtime.spec import (
-    GROUP,
-    PLURAL,
-    TERMINAL_PHASES,
-    VERSION,
-    DiffusionJob,
-    DiffusionJobStatus,
-    ValidationProblem,
-    parse_job,
-)
+from muralist_runtime.spec.api import GROUP, PLURAL, VERSION, DiffusionJob
+from muralist_runtime.spec.problems import ValidationProblem, parse_job
+from muralist_runtime.spec.status import TERMINAL_PHASES, DiffusionJobStatus
 from pydantic import ValidationError
 
 from muralist_operator import metrics
-from muralist_operator.kube import Kube
-from muralist_operator.lifecycle import (
+from muralist_operator.decision import (
+    REASON_INVALID_SPEC,
+    REASON_RENDER_FAILED,
     CreateJob,
     Decision,
     DeleteJob,
     DeleteSelf,
     SetJobSuspend,
-    decide,
-    decide_invalid,
+    decide_failed,
 )
+from muralist_operator.kube import Kube
+from muralist_operator.lifecycle import decide
 from muralist_operator.observe import Observed, job_view, owner_of, pod_view, rank_reports
-from muralist_operator.render import LABEL_COMPONENT, LABEL_JOB, OperatorSettings, render_children
+from muralist_operator.render import LABEL_COMPONENT, LABEL_JOB, Children, OperatorSettings, render_children
 
 log = logging.getLogger("muralist.operator")
 Key = tuple[str, str]
 CLOCK_SECONDS = 2.0
 RESYNC_SECONDS = 60.0
 CREATE_GRACE_SECONDS = 10.0
+
+
+class RenderFailure(Exception):
+    """The children of a valid job could not be rendered (a bug, or a limit only render sees)."""
 
 
 class Reconciler:
@@ -58,7 +57,9 @@ class Reconciler:
         self._locks: dict[Key, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.indexes: dict[str, Any] = {}
-        # Jobs that need the clock: a deadline, a stall timeout or a TTL.
+        # Every DiffusionJob seen (resynced now and then, in case an event was missed), and
+        # those that need the clock: a deadline, a stall timeout or a TTL.
+        self.known: set[Key] = set()
         self.clocked: set[Key] = set()
         # (attempt, when) of the Job we last created: the index may not show it for a moment,
         # and the burst of events right after a creation should not re-create it.
@@ -94,6 +95,7 @@ class Reconciler:
             self._reconcile(key, body)
 
     def forget(self, key: Key) -> None:
+        self.known.discard(key)
         self.clocked.discard(key)
         self.created.pop(key, None)
         metrics.forget(key)
@@ -102,6 +104,7 @@ class Reconciler:
 
     def _reconcile(self, key: Key, body: dict[str, Any]) -> None:
         now = datetime.now(UTC)
+        self.known.add(key)
         raw_status = body.get("status") or {}
         try:
             status = DiffusionJobStatus.model_validate(raw_status)
@@ -110,16 +113,20 @@ class Reconciler:
         generation = body["metadata"].get("generation")
         manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
         job: DiffusionJob | None = None
+        children: Children | None = None
         try:
             job = parse_job(manifest)
             decision = decide(job, status, generation, self.observe(key), now)
+            children = self._render(job, key, decision)
         except ValidationProblem as e:
-            decision = decide_invalid(status, generation, e.problems, now)
+            job, decision = None, decide_failed(status, generation, REASON_INVALID_SPEC, "; ".join(e.problems), now)
+        except RenderFailure as e:
+            job, decision = None, decide_failed(status, generation, REASON_RENDER_FAILED, str(e), now)
 
         new_status = decision.status.wire()
         if new_status != raw_status:
             self.kube.patch_status(key[0], key[1], new_status)
-        suppressed = self._act(job, body, decision) if job is not None else set()
+        suppressed = self._act(body, decision, children) if job is not None else set()
         for event in decision.events:
             if event.reason in suppressed:
                 continue
@@ -129,13 +136,26 @@ class Reconciler:
             metrics.RESTARTS.labels(reason=reason).inc()
         self._track(key, job, decision)
 
-    def _act(self, job: DiffusionJob, owner: dict[str, Any], decision: Decision) -> set[str]:
+    def _render(self, job: DiffusionJob, key: Key, decision: Decision) -> Children | None:
+        """The children a CreateJob needs, rendered before the status is written: a job that
+        cannot be rendered fails with the reason instead of waiting for pods forever."""
+        create = next((a for a in decision.actions if isinstance(a, CreateJob)), None)
+        if create is None:
+            return None
+        try:
+            return render_children(job, key[0], self.settings, attempt=create.attempt,
+                                   active_deadline_seconds=create.active_deadline_seconds)
+        except Exception as e:  # pure code: whatever it raises, retrying the same spec repeats it
+            log.exception("rendering %s/%s failed", *key)
+            raise RenderFailure(f"the operator cannot build this job's pods: {e}") from e
+
+    def _act(self, owner: dict[str, Any], decision: Decision, children: Children | None) -> set[str]:
         """Carry out the actions; returns the event reasons that did not happen after all."""
         ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
         suppressed: set[str] = set()
         for action in decision.actions:
             if isinstance(action, CreateJob):
-                if not self._create_children(job, owner, action):
+                if children is None or not self._create_children(owner, action, children):
                     suppressed.add("JobCreated")
             elif isinstance(action, DeleteJob):
                 log.info("deleting Job %s/%s: %s", ns, name, action.reason)
@@ -147,16 +167,13 @@ class Reconciler:
                 self.kube.delete_diffusion_job(ns, name)
         return suppressed
 
-    def _create_children(self, job: DiffusionJob, owner: dict[str, Any], action: CreateJob) -> bool:
+    def _create_children(self, owner: dict[str, Any], action: CreateJob, children: Children) -> bool:
         """True when this call created the Job (not a repeat while the index catches up)."""
         key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
         attempt, when = self.created.get(key, (-1, 0.0))
         if attempt == action.attempt and time.monotonic() - when < CREATE_GRACE_SECONDS:
             return False
         self.created[key] = (action.attempt, time.monotonic())
-        children = render_children(
-            job, key[0], self.settings, attempt=action.attempt, active_deadline_seconds=action.active_deadline_seconds
-        )
         created_job = False
         for child in children.all():
             created = self.kube.create(child, owner)
@@ -194,7 +211,7 @@ class Reconciler:
                 continue  # kopf has not finished its first listing: nothing is known yet
             keys = set(self.clocked)
             if time.monotonic() - last_resync > RESYNC_SECONDS:
-                keys |= set(metrics.known_jobs())
+                keys |= set(self.known)
                 last_resync = time.monotonic()
             for namespace, name in sorted(keys):
                 self.safe_reconcile(namespace, name)

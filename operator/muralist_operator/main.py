@@ -10,16 +10,15 @@ import threading
 from typing import Any
 
 import kopf
+from muralist_runtime.spec.contract import MURALIST_RUNTIME_IMAGE
 
 from muralist_operator import handlers, metrics
 from muralist_operator.kube import Kube, load_config
 from muralist_operator.render import OperatorSettings
 
-RUNTIME_IMAGE_ENV = "MURALIST_RUNTIME_IMAGE"
-
 
 def settings_from(args: argparse.Namespace) -> OperatorSettings:
-    image = args.runtime_image or os.environ.get(RUNTIME_IMAGE_ENV)
+    image = args.runtime_image or os.environ.get(MURALIST_RUNTIME_IMAGE)
     return OperatorSettings(runtime_image=image) if image else OperatorSettings()
 
 

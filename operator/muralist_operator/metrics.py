@@ -37,10 +37,5 @@ def forget(key: tuple[str, str]) -> None:
         _publish()
 
 
-def known_jobs() -> list[tuple[str, str]]:
-    with _guard:
-        return list(_phases)
-
-
 def serve(port: int) -> None:
     start_http_server(port)

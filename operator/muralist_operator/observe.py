@@ -10,14 +10,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from muralist_runtime.spec import PERMANENT_FAILURE_EXIT_CODE
+from muralist_runtime.spec import contract
+from muralist_runtime.spec.contract import COMPLETION_INDEX_ANNOTATION
 
 from muralist_operator.render import LABEL_ATTEMPT, LABEL_JOB
 
 
 @dataclass(frozen=True)
 class JobView:
-    name: str
     attempt: int
     deleting: bool
     suspended: bool
@@ -25,48 +25,37 @@ class JobView:
     failed: bool
     failure_reason: str
     failure_message: str
-    active: int
     ready: int
-    succeeded: int
     start_time: str | None
 
 
 @dataclass(frozen=True)
 class Termination:
+    """A container that ended with a non-zero code: its code, reason and message."""
+
     exit_code: int
     reason: str
     message: str
 
     @property
-    def report(self) -> dict[str, Any]:
-        """The runtime's JSON summary, when the termination message is one."""
-        try:
-            parsed = json.loads(self.message)
-        except ValueError:
-            return {}
-        return parsed if isinstance(parsed, dict) else {}
-
-    @property
     def permanent(self) -> bool:
-        return self.exit_code == PERMANENT_FAILURE_EXIT_CODE or bool(self.report.get("permanent"))
+        return contract.is_permanent(self.exit_code, self.message)
 
     @property
     def summary(self) -> str:
-        report = self.report
-        if report.get("message"):
-            return str(report["message"])
+        report = contract.Termination.parse(self.message)
+        if report is not None and report.message:
+            return report.message
         text = self.message.strip().splitlines()
         return text[-1][:500] if text else f"exit code {self.exit_code} ({self.reason})"
 
 
 @dataclass(frozen=True)
 class PodView:
-    name: str
     attempt: int
     index: int
     phase: str
     deleting: bool
-    ready: bool
     termination: Termination | None
 
 
@@ -101,7 +90,6 @@ def job_view(body: dict[str, Any]) -> JobView:
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     failed = conditions.get("Failed") or {}
     return JobView(
-        name=meta.get("name", ""),
         attempt=_attempt(meta.get("labels") or {}),
         deleting=bool(meta.get("deletionTimestamp")),
         suspended=bool(spec.get("suspend")),
@@ -109,9 +97,7 @@ def job_view(body: dict[str, Any]) -> JobView:
         failed="Failed" in conditions,
         failure_reason=failed.get("reason", ""),
         failure_message=failed.get("message", ""),
-        active=int(status.get("active") or 0),
         ready=int(status.get("ready") or 0),
-        succeeded=int(status.get("succeeded") or 0),
         start_time=status.get("startTime"),
     )
 
@@ -129,17 +115,14 @@ def pod_view(body: dict[str, Any]) -> PodView:
             )
     annotations = meta.get("annotations") or {}
     try:
-        index = int(annotations.get("batch.kubernetes.io/job-completion-index", "-1"))
+        index = int(annotations.get(COMPLETION_INDEX_ANNOTATION, "-1"))
     except ValueError:
         index = -1
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     return PodView(
-        name=meta.get("name", ""),
         attempt=_attempt(meta.get("labels") or {}),
         index=index,
         phase=status.get("phase", "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
-        ready=ready,
         termination=termination,
     )
 

@@ -11,27 +11,21 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from muralist_runtime.spec import (
-    TINY_MODEL_NAMES,
-    DiffusionJob,
-    RuntimeSpec,
-    model_size_gib,
+from muralist_runtime.spec import contract
+from muralist_runtime.spec.api import DiffusionJob
+from muralist_runtime.spec.catalog import CONFIGMAP_MAX_BYTES, TINY_MODEL_NAMES, model_size_gib
+from muralist_runtime.spec.contract import (
+    COMPLETION_INDEX_ANNOTATION,
+    HF_HOME,
+    MASTER_PORT,
+    OUTPUT_MOUNT,
+    PROMPTS_DIR,
+    PROMPTS_FILE,
+    SPEC_DIR,
+    SPEC_FILE,
+    SPEC_KEY,
 )
-
-# The torchrun environment contract (torchrun reads PET_<FLAG> for each --flag).
-ENV_NNODES = "PET_NNODES"
-ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
-ENV_NODE_RANK = "PET_NODE_RANK"
-ENV_MASTER_ADDR = "PET_MASTER_ADDR"
-ENV_MASTER_PORT = "PET_MASTER_PORT"
-MASTER_PORT = 29500
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-
-# Muralist's own pod environment, read by the runtime.
-ENV_NAMESPACE = "MURALIST_NAMESPACE"
-ENV_POD_NAME = "MURALIST_POD_NAME"
-ENV_PROGRESS_CONFIGMAP = "MURALIST_PROGRESS_CONFIGMAP"
-ENV_ATTEMPT = "MURALIST_ATTEMPT"
+from muralist_runtime.spec.resolved import RuntimeSpec
 
 LABEL_JOB = "muralist.dev/job-name"
 LABEL_ATTEMPT = "muralist.dev/attempt"
@@ -40,16 +34,8 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 BASE_LABELS = {"app.kubernetes.io/name": "muralist", "app.kubernetes.io/managed-by": "muralist-operator"}
 
 CONTAINER_NAME = "runtime"
-SPEC_DIR = "/etc/muralist/spec"
-SPEC_KEY = "spec.json"
-PROMPTS_DIR = "/etc/muralist/prompts"
-PROMPTS_FILE = "prompts.txt"
-OUTPUT_MOUNT = "/output"
-HF_HOME = "/var/cache/huggingface"
 RUNTIME_UID = 1000
 
-# A ConfigMap holds at most 1 MiB; leave room for metadata and the rest of the spec.
-CONFIGMAP_MAX_BYTES = 1_000_000
 GPU_RESOURCE = "nvidia.com/gpu"
 # Loading briefly needs more than the weights (a state dict and the module side by side).
 MEMORY_HEADROOM = 1.25
@@ -141,7 +127,8 @@ def render_service(job: DiffusionJob, namespace: str, settings: OperatorSettings
 
 
 def runtime_spec(job: DiffusionJob, namespace: str) -> RuntimeSpec:
-    return RuntimeSpec(
+    # The job's spec was validated when it was parsed: not again (50,000 prompts, every reconcile).
+    return RuntimeSpec.model_construct(
         name=job.metadata.name,
         namespace=namespace,
         spec=job.spec,
@@ -211,52 +198,32 @@ def render_rbac(job: DiffusionJob, namespace: str) -> tuple[dict[str, Any] | Non
     return service_account, role, binding
 
 
-def launcher_command(job: DiffusionJob, settings: OperatorSettings) -> list[str]:
-    """The container command. torchrun takes all of its flags from the PET_* variables."""
-    spec_file = f"{SPEC_DIR}/{SPEC_KEY}"
+def launcher_command(job: DiffusionJob) -> list[str]:
+    """The container command: the pod contract's, with the rendezvous from the PET_* variables."""
     par = job.spec.parallelism
-    if par.launcher == "accelerate":
-        cmd = [
-            "accelerate",
-            "launch",
-            "--num_machines",
-            str(par.nodes),
-            "--num_processes",
-            str(par.world_size),
-            "--machine_rank",
-            f"$({ENV_NODE_RANK})",
-            "--main_process_ip",
-            f"$({ENV_MASTER_ADDR})",
-            "--main_process_port",
-            f"$({ENV_MASTER_PORT})",
-            "--rdzv_backend",
-            "static",
-        ]
-        if par.gpus_per_node == 0:
-            cmd.append("--cpu")
-        if par.world_size > 1:
-            # Without --multi_gpu accelerate starts a single process (even with --cpu).
-            cmd.append("--multi_gpu")
-        return [*cmd, "-m", "muralist_runtime", "--spec", spec_file]
-    return ["torchrun", "-m", "muralist_runtime", "--spec", spec_file]
+    world = contract.World(par.nodes, par.resolved_processes_per_node, par.gpus_per_node)
+    # The kubelet expands $(VAR) from the container's env (torchrun reads them itself).
+    rdzv = contract.Rendezvous(f"$({contract.PET_NODE_RANK})", f"$({contract.PET_MASTER_ADDR})",
+                               f"$({contract.PET_MASTER_PORT})")
+    return contract.launcher_command(par.launcher, world, rdzv, SPEC_FILE)
 
 
 def _env(job: DiffusionJob, settings: OperatorSettings, attempt: int) -> list[dict[str, Any]]:
     par = job.spec.parallelism
     name = job.metadata.name
-    env: list[dict[str, Any]] = [
-        {"name": ENV_NNODES, "value": str(par.nodes)},
-        {"name": ENV_NPROC_PER_NODE, "value": str(par.resolved_processes_per_node)},
-        {
-            "name": ENV_NODE_RANK,
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}},
-        },
-        {"name": ENV_MASTER_ADDR, "value": f"{name}-0.{name}"},
-        {"name": ENV_MASTER_PORT, "value": str(settings.master_port)},
-        {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": ENV_PROGRESS_CONFIGMAP, "value": progress_config_map_name(name)},
-        {"name": ENV_ATTEMPT, "value": str(attempt)},
+    world = contract.World(par.nodes, par.resolved_processes_per_node, par.gpus_per_node)
+    rdzv = contract.Rendezvous("", f"{name}-0.{name}", str(settings.master_port))
+    env: list[dict[str, Any]] = []
+    for var, value in contract.torchrun_env(world, rdzv).items():
+        if var == contract.PET_NODE_RANK:
+            annotation = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+            env.append({"name": var, "valueFrom": {"fieldRef": {"fieldPath": annotation}}})
+        else:
+            env.append({"name": var, "value": value})
+    env += [
+        {"name": contract.MURALIST_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": contract.MURALIST_PROGRESS_CONFIGMAP, "value": progress_config_map_name(name)},
+        {"name": contract.MURALIST_ATTEMPT, "value": str(attempt)},
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": HF_HOME},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -299,7 +266,7 @@ def _volumes(job: DiffusionJob) -> tuple[list[dict[str, Any]], list[dict[str, An
 
 def memory_request(job: DiffusionJob) -> str | None:
     """Host memory for one pod: every process holds the whole pipeline while it loads."""
-    size = model_size_gib(job.spec.model)
+    size = model_size_gib(job.spec.model.name, job.spec.model.dtype)
     if size is None:
         return None
     processes = job.spec.parallelism.resolved_processes_per_node
@@ -326,7 +293,7 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
         "name": CONTAINER_NAME,
         "image": job.spec.image or settings.runtime_image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": launcher_command(job, settings),
+        "command": launcher_command(job),
         "env": _env(job, settings, attempt),
         "ports": [{"name": "rendezvous", "containerPort": settings.master_port, "protocol": "TCP"}],
         "resources": _resources(job),

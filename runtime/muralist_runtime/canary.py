@@ -20,7 +20,9 @@ import logging
 import os
 from typing import Any
 
-from .spec import ImageTask, PermanentFailure, RuntimeSpec
+from .spec.contract import MURALIST_TEST_BREAK_CP, PermanentFailure
+from .spec.items import ImageTask
+from .spec.resolved import RuntimeSpec
 from .world import World
 
 log = logging.getLogger("muralist.canary")
@@ -30,7 +32,6 @@ CANARY_STEPS = 2
 # move a few pixels by one level; a real layout bug moves many by far more.
 MAX_ABS_LEVELS = 2.0
 MEAN_ABS_LEVELS = 0.5
-BREAK_ENV = "MURALIST_TEST_BREAK_CP"
 
 
 def _render(pipe: Any, runtime: RuntimeSpec, task: ImageTask, seed_offset: int = 0) -> Any:
@@ -70,7 +71,7 @@ def verdict(ref: Any, got: Any, layout: str) -> str | None:
 def check(pipe: Any, runtime: RuntimeSpec, task: ImageTask, world: World, ref: Any,
           layout: str) -> None:
     """Render in the parallel layout (every rank), compare on first ranks, agree everywhere."""
-    broken = os.environ.get(BREAK_ENV) == "1" and world.layout.group_rank == 1
+    broken = os.environ.get(MURALIST_TEST_BREAK_CP) == "1" and world.layout.group_rank == 1
     got = _render(pipe, runtime, task, seed_offset=1 if broken else 0)
     mine = None
     if ref is not None:

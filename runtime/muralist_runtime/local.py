@@ -1,34 +1,34 @@
 """`muralist run JOB.yaml`: the same runtime as in the pods, on this machine.
 
-It validates the manifest, writes the RuntimeSpec the operator would write, and starts one
-launcher agent per node of the spec (torchrun, or accelerate launch) with the pods' contract:
-torchrun is configured only through PET_* variables, several agents rendezvous on 127.0.0.1.
-Ctrl-C is forwarded to the agents; the exit code is the runtime's (78 when permanent, read
-from the termination message because torchrun replaces its workers' exit codes).
+It reads the manifest with the same reader as `muralist validate`, writes the RuntimeSpec the
+operator would write, and starts one launcher agent per node of the spec with the pod
+contract's command and environment (torchrun is configured only through PET_* variables;
+several agents rendezvous on 127.0.0.1). A `promptsFrom` ConfigMap in the same file is served
+from a local file, as the pods get it mounted. While the agents run, one bar shows the whole
+job: the rank files of every agent, summed. Ctrl-C is forwarded to the agents; the exit code
+is the runtime's (78 when permanent, read from the termination message because torchrun
+replaces its workers' exit codes).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
-import yaml
+from .spec import contract
+from .spec.api import DiffusionJob
+from .spec.manifests import ManifestFile, Reader
+from .spec.problems import ValidationProblem
+from .spec.resolved import RuntimeSpec
 
-from .spec import (
-    PERMANENT_FAILURE_EXIT_CODE,
-    TERMINATION_LOG_ENV,
-    DiffusionJob,
-    RuntimeSpec,
-    ValidationProblem,
-    parse_job,
-)
+BAR_SECONDS = 0.5
 
 
 def free_port() -> int:
@@ -37,113 +37,173 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def load_job(path: str) -> DiffusionJob:
-    try:
-        with open(path) as f:
-            docs = [d for d in yaml.safe_load_all(f) if d is not None]
-    except (OSError, yaml.YAMLError) as e:
-        raise ValidationProblem([f"{path}: {e}"]) from None
-    if len(docs) != 1:
-        raise ValidationProblem([f"{path}: expected one DiffusionJob, found {len(docs)} documents"])
-    return parse_job(docs[0])
+class _Problems:
+    """Collects the manifest reader's reports instead of printing them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.lines.extend(line for line in text.splitlines() if line)
+        return len(text)
 
 
-def runtime_spec(job: DiffusionJob, output: str | None, model: str | None,
-                 prompts_file: str | None) -> RuntimeSpec:
-    if job.spec.prompts_from is not None and not prompts_file:
+def load_job(path: str) -> tuple[DiffusionJob, ManifestFile]:
+    """The one DiffusionJob of a file that `muralist validate` accepts, and the file."""
+    problems = _Problems()
+    reader = Reader(problems, sys.stdin)  # type: ignore[arg-type]
+    found = list(reader.jobs([path]))
+    if reader.failed:
+        raise ValidationProblem(problems.lines)
+    if len(found) != 1:
+        names = ", ".join(job.metadata.name for job, _ in found)
+        raise ValidationProblem([f"{path}: holds {len(found)} DiffusionJobs ({names}); muralist run takes "
+                                 "one: put each in its own file"])
+    return found[0]
+
+
+def prompts_file_for(job: DiffusionJob, manifest: ManifestFile, given: str | None, workdir: Path) -> str | None:
+    """The local stand-in for the promptsFrom ConfigMap: --prompts-file, or the ConfigMap in the same file."""
+    source = job.spec.prompts_from
+    if source is None:
+        return None
+    if given:
+        return str(Path(given).resolve())
+    ref = source.config_map_key_ref
+    value = manifest.config_map_value(ref.name, ref.key)
+    if value is None:
         raise ValidationProblem([
-            "spec.promptsFrom: reads a ConfigMap, which a local run has not got; pass "
-            "--prompts-file FILE (one prompt per line)"
+            f"spec.promptsFrom: reads key {ref.key!r} of ConfigMap {ref.name!r}, which is not in {manifest.source}; "
+            "add the ConfigMap to the file or pass --prompts-file FILE (one prompt per line)"
         ])
+    path = workdir / "prompts.txt"
+    path.write_text(value)
+    return str(path)
+
+
+def runtime_spec(job: DiffusionJob, output: str | None, model: str | None, prompts_file: str | None) -> RuntimeSpec:
     out = Path(output) if output else Path.cwd() / "muralist-output" / job.output_path
     return RuntimeSpec(
         name=job.metadata.name,
         namespace=job.metadata.namespace or "default",
         spec=job.spec,
         output_dir=str(out.resolve()),
-        prompts_file=str(Path(prompts_file).resolve()) if prompts_file else None,
+        prompts_file=prompts_file,
         model_path=str(Path(model).resolve()) if model else None,
     )
 
 
 def agent_commands(runtime: RuntimeSpec, spec_file: str, port: int) -> list[tuple[list[str], dict[str, str]]]:
-    """One (argv, extra env) per node: what each pod's container would run."""
+    """One (argv, extra env) per node: what each pod's container would run, from the pod contract."""
     par = runtime.spec.parallelism
-    ppn = par.resolved_processes_per_node
-    runtime_args = ["-m", "muralist_runtime", "--spec", spec_file]
+    world = contract.World(par.nodes, par.resolved_processes_per_node, par.gpus_per_node)
+    program = contract.local_program(par.launcher, sys.executable)
     out = []
     for node in range(par.nodes):
-        if par.launcher == "accelerate":
-            argv = [sys.executable, "-m", "accelerate.commands.launch",
-                    "--num_processes", str(par.world_size), "--num_machines", str(par.nodes),
-                    "--machine_rank", str(node), "--main_process_ip", "127.0.0.1",
-                    "--main_process_port", str(port), "--mixed_precision", "no",
-                    "--dynamo_backend", "no"]
-            if par.world_size > 1:
-                # Without --multi_gpu, accelerate starts ONE process on a CPU box, and it
-                # refuses --multi_gpu with --cpu; the runtime's PartialState(cpu=True) then
-                # sets up gloo for the processes it started.
-                argv.append("--multi_gpu")
-            elif par.gpus_per_node == 0:
-                argv.append("--cpu")
-            out.append((argv + runtime_args, {}))
-        else:
-            env = {
-                "PET_NNODES": str(par.nodes),
-                "PET_NPROC_PER_NODE": str(ppn),
-                "PET_NODE_RANK": str(node),
-                "PET_MASTER_ADDR": "127.0.0.1",
-                "PET_MASTER_PORT": str(port),
-            }
-            out.append(([sys.executable, "-m", "torch.distributed.run", *runtime_args], env))
+        rdzv = contract.Rendezvous(str(node), "127.0.0.1", str(port))
+        argv = contract.launcher_command(par.launcher, world, rdzv, spec_file, program)
+        env = contract.torchrun_env(world, rdzv) if par.launcher == "torchrun" else {}
+        out.append((argv, env))
     return out
 
 
-def _verdict(codes: list[int], termination: Path) -> int:
+def verdict(codes: list[int], termination: Path) -> int:
+    """The run's exit code: 78 when the runtime said permanent, else the first failure's."""
     try:
-        doc = json.loads(termination.read_text())
-    except (OSError, ValueError):
-        doc = {}
-    if doc.get("permanent"):
-        return PERMANENT_FAILURE_EXIT_CODE
+        message = termination.read_text()
+    except OSError:
+        message = ""
+    if contract.is_permanent(0, message):
+        return contract.PERMANENT_FAILURE_EXIT_CODE
     return next((c for c in codes if c != 0), 0)
 
 
-def run_local(args: argparse.Namespace) -> int:
-    try:
-        job = load_job(args.manifest)
-        runtime = runtime_spec(job, args.output, args.model, args.prompts_file)
-    except ValidationProblem as e:
-        for problem in e.problems:
-            print(f"{args.manifest}: {problem}", file=sys.stderr)
-        return 1
+class JobBar:
+    """One tqdm bar for the whole job: the rank files of every agent, summed, twice a second."""
 
-    Path(runtime.output_dir).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="muralist-run-") as tmp:
-        spec_file = Path(tmp) / "runtime-spec.json"
-        spec_file.write_text(runtime.model_dump_json(by_alias=True, exclude_none=True))
-        termination = Path(tmp) / "termination-log"
-        base_env = {**os.environ, "MURALIST_LOCAL": "1", TERMINATION_LOG_ENV: str(termination)}
-        port = free_port()
-        procs = []
+    def __init__(self, directories: list[Path], total: int | None):
+        from tqdm import tqdm
+
+        self.directories = directories
+        self.bar = tqdm(total=total, desc="images", unit="img", file=sys.stderr)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="muralist-bar", daemon=True)
+
+    def __enter__(self) -> JobBar:
+        self._thread.start()
+        return self
+
+    def refresh(self) -> None:
+        from .progress import read_counts
+
+        counts = read_counts(self.directories)
+        if counts.total and counts.total != self.bar.total:
+            self.bar.total = counts.total
+        done = counts.completed + counts.skipped + counts.failed
+        if done != self.bar.n:
+            self.bar.n = done
+            self.bar.refresh()
+
+    def _run(self) -> None:
+        while not self._stop.wait(BAR_SECONDS):
+            self.refresh()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.refresh()
+        self.bar.close()
+
+
+def _start_agents(runtime: RuntimeSpec, tmp: Path, termination: Path) -> tuple[list[subprocess.Popen[bytes]],
+                                                                              list[Path]]:
+    spec_file = tmp / "runtime-spec.json"
+    spec_file.write_text(runtime.model_dump_json(by_alias=True, exclude_none=True))
+    base_env = {**os.environ, contract.MURALIST_LOCAL: "1", contract.MURALIST_TERMINATION_LOG: str(termination)}
+    procs, dirs = [], []
+    for node, (argv, env) in enumerate(agent_commands(runtime, str(spec_file), free_port())):
+        progress = tmp / f"progress-{node}"  # each agent stands for a pod: its own progress directory
+        dirs.append(progress)
         # Own sessions: Ctrl-C reaches us only, and we forward it once to each agent, which
         # passes it to its workers and tears the rendezvous down cleanly.
-        for argv, env in agent_commands(runtime, str(spec_file), port):
-            procs.append(subprocess.Popen(argv, env={**base_env, **env}, start_new_session=True))
+        procs.append(subprocess.Popen(argv, env={**base_env, **env, contract.MURALIST_PROGRESS_DIR: str(progress)},
+                                      start_new_session=True))
+    return procs, dirs
+
+
+def _interrupt(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs:
         try:
-            codes = [p.wait() for p in procs]
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def run_local(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="muralist-run-") as name:
+        tmp = Path(name)
+        try:
+            job, manifest = load_job(args.manifest)
+            prompts = prompts_file_for(job, manifest, args.prompts_file, tmp)
+            runtime = runtime_spec(job, args.output, args.model, prompts)
+        except ValidationProblem as e:
+            for problem in e.problems:
+                print(problem, file=sys.stderr)
+            return 1
+        Path(runtime.output_dir).mkdir(parents=True, exist_ok=True)
+        termination = tmp / "termination-log"
+        procs, dirs = _start_agents(runtime, tmp, termination)
+        try:
+            with JobBar(dirs, job.total_images):
+                codes = [p.wait() for p in procs]
         except KeyboardInterrupt:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGINT)
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            _interrupt(procs)
             print("muralist: interrupted; run the same command again to resume", file=sys.stderr)
             return 130
-        code = _verdict(codes, termination)
+        code = verdict(codes, termination)
     gallery = Path(runtime.output_dir) / "index.html"
     if gallery.exists():
         print(f"gallery: {gallery}")

@@ -15,14 +15,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .spec import TINY_MODEL_NAMES, ImageTask, PermanentFailure, RuntimeSpec
+from .spec import contract
+from .spec.catalog import TINY_MODEL_NAMES
+from .spec.contract import PermanentFailure
+from .spec.items import ImageTask
+from .spec.resolved import RuntimeSpec
 
 log = logging.getLogger("muralist.pipeline")
 
 
 def tiny_cache_dir(name: str) -> Path:
     """Where a built-in tiny model is built: MURALIST_CACHE, else under HF_HOME, else ~/.cache."""
-    base = os.environ.get("MURALIST_CACHE")
+    base = os.environ.get(contract.MURALIST_CACHE)
     if base is None:
         hf_home = os.environ.get("HF_HOME")
         base = os.path.join(hf_home, "muralist") if hf_home else os.path.expanduser(

@@ -1,7 +1,9 @@
-"""Progress: a bar for people, JSON lines for machines, a ConfigMap for the operator, and the
-termination message Kubernetes keeps after the container exits.
+"""Progress: a bar for people, JSON lines for machines, live counts for the operator.
 
-- Local runs (`muralist run` sets MURALIST_LOCAL=1): a tqdm bar on rank 0, to stderr.
+- Every rank keeps its counts in a small JSON file in its pod's progress directory
+  (`RankFile`, MURALIST_PROGRESS_DIR or /tmp/muralist-progress): what one pod's ranks have done,
+  readable without a collective. `muralist run` sums those files of all its agents into one
+  bar for the whole job (all ranks, all nodes).
 - Pods: one line per finished image on stdout, `MURALIST_PROGRESS {json}`.
 - Live cluster progress: with MURALIST_PROGRESS_CONFIGMAP and MURALIST_NAMESPACE set and a
   service-account token, each rank merge-patches `data["rank-<rank>"]` of that ConfigMap from
@@ -13,104 +15,82 @@ termination message Kubernetes keeps after the container exits.
   pipeline's step callback, on every rank of a group) and `lastImageTime` (the last image on
   disk); the operator watches those. `heartbeatTime` only proves the process is alive: a rank
   stuck in a collective or a hung kernel keeps heartbeating from this thread.
-- Exit: a summary JSON (under 4 KiB) to /dev/termination-log when it exists, or to the file
-  named by MURALIST_TERMINATION_LOG.
 """
 
 from __future__ import annotations
 
 import datetime
-import fcntl
 import json
 import logging
 import os
 import ssl
 import sys
 import threading
+import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .spec import PROGRESS_LINE_PREFIX, TERMINATION_LOG, TERMINATION_LOG_ENV
+from .spec import contract
+from .spec.contract import PROGRESS_LINE_PREFIX, Counts
 
 log = logging.getLogger("muralist.progress")
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-TERMINATION_MESSAGE_MAX = 4096
 PATCH_INTERVAL_SECONDS = 5.0
+DEFAULT_PROGRESS_DIR = "/tmp/muralist-progress"
+RANK_FILE_INTERVAL_SECONDS = 0.5
 
 
 def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-@dataclass
-class Counts:
-    completed: int = 0
-    skipped: int = 0
-    failed: int = 0
-    total: int = 0
+# -- the per-pod progress directory ----------------------------------------------------------
 
 
-# -- termination message ---------------------------------------------------------------------
+def progress_dir(env: dict[str, str] | None = None) -> Path:
+    env = dict(os.environ) if env is None else env
+    return Path(env.get(contract.MURALIST_PROGRESS_DIR) or DEFAULT_PROGRESS_DIR)
 
 
-def termination_log_path() -> Path | None:
-    override = os.environ.get(TERMINATION_LOG_ENV)
-    if override:
-        return Path(override)
-    path = Path(TERMINATION_LOG)
-    return path if path.exists() else None
+class RankFile:
+    """This rank's counts as `rank-<r>.json` in the pod's progress directory (atomic, throttled)."""
+
+    def __init__(self, directory: Path, rank: int, interval: float = RANK_FILE_INTERVAL_SECONDS):
+        self.path = directory / f"rank-{rank}.json"
+        self.interval = interval
+        self._last = 0.0
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def update(self, counts: Counts, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval:
+            return
+        self._last = now
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(asdict(counts)))
+            os.replace(tmp, self.path)
+        except OSError as e:  # progress must never break generation
+            log.warning("cannot write %s: %s", self.path, e)
 
 
-def summary(counts: Counts, exit_code: int, permanent: bool, reason: str, message: str,
-            timings: dict[str, float] | None = None) -> str:
-    """The termination message; `timings` adds loadSeconds, generateSeconds... when known."""
-    doc: dict[str, Any] = {**asdict(counts), "exitCode": exit_code, "permanent": permanent,
-                           "reason": reason, "message": message}
-    doc.update({k: round(v, 3) for k, v in (timings or {}).items()})
-    text = json.dumps(doc)
-    if len(text.encode()) > TERMINATION_MESSAGE_MAX:
-        # Only the message can be long (a traceback's last line, a path): cut it to fit.
-        over = len(text.encode()) - TERMINATION_MESSAGE_MAX + 16
-        doc["message"] = message.encode()[: max(0, len(message.encode()) - over)].decode(
-            errors="ignore") + "..."
-        text = json.dumps(doc)
-    return text
-
-
-# Every local rank of a container may write its one termination message, each with a reason.
-_SEVERITY = {"Completed": 0, "Error": 1, "PermanentFailure": 2}
-
-
-def _severity(text: str) -> int:
-    try:
-        return _SEVERITY.get(json.loads(text).get("reason"), 0)
-    except (ValueError, AttributeError):
-        return -1  # empty (nothing written yet) or unreadable
-
-
-def write_termination(text: str) -> None:
-    """Replace the termination message under an exclusive lock, unless it holds a more severe one.
-
-    Unlocked, two ranks failing together can interleave their writes into invalid JSON, and the
-    operator loses the reason. A rank's PermanentFailure also outlives the Error another rank
-    then hits in a collective, so the job is not retried in vain.
-    """
-    path = termination_log_path()
-    if path is None:
-        return
-    try:
-        with os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+", encoding="utf-8") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            if _severity(f.read()) > _severity(text):
-                return
-            f.seek(0)
-            f.truncate()
-            f.write(text)
-    except OSError as e:
-        log.warning("cannot write the termination message to %s: %s", path, e)
+def read_counts(directories: list[Path]) -> Counts:
+    """The sum of every rank file in these progress directories (unreadable ones skipped)."""
+    total = Counts()
+    for directory in directories:
+        for path in directory.glob("rank-*.json"):
+            try:
+                one = Counts(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue
+            total.completed += one.completed
+            total.skipped += one.skipped
+            total.failed += one.failed
+            total.total += one.total
+    return total
 
 
 # -- the ConfigMap reporter ------------------------------------------------------------------
@@ -132,12 +112,12 @@ class KubeTarget:
 def kube_target_from_env(env: dict[str, str] | None = None) -> KubeTarget | None:
     """In-cluster settings, or MURALIST_KUBE_API / _TOKEN / _CA (tests); None when not set."""
     env = dict(os.environ) if env is None else env
-    name, namespace = env.get("MURALIST_PROGRESS_CONFIGMAP"), env.get("MURALIST_NAMESPACE")
+    name, namespace = env.get(contract.MURALIST_PROGRESS_CONFIGMAP), env.get(contract.MURALIST_NAMESPACE)
     if not name or not namespace:
         return None
-    base = env.get("MURALIST_KUBE_API")
-    token = env.get("MURALIST_KUBE_TOKEN")
-    ca = env.get("MURALIST_KUBE_CA")
+    base = env.get(contract.MURALIST_KUBE_API)
+    token = env.get(contract.MURALIST_KUBE_TOKEN)
+    ca = env.get(contract.MURALIST_KUBE_CA)
     if base is None:
         host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
         if not host:
@@ -232,21 +212,20 @@ class ConfigMapReporter:
 
 
 class Progress:
-    """What main.py talks to: counts, bar, JSON lines and the reporter together."""
+    """What main.py talks to: counts, JSON lines, the rank file and the reporter together."""
 
     def __init__(self, rank: int, total: int, writes: bool, local: bool,
-                 reporter: ConfigMapReporter | None = None):
+                 reporter: ConfigMapReporter | None = None, rank_file: RankFile | None = None):
         self.rank = rank
         self.writes = writes
         self.counts = Counts(total=total if writes else 0)
         self.local = local
         self.reporter = reporter
-        self.bar = None
+        self.rank_file = rank_file
         self.steps = 0
-        if local and rank == 0:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc="images (rank 0)", unit="img", file=sys.stderr)
+        self._closed = False
+        if rank_file is not None:
+            rank_file.update(self.counts, force=True)
         if reporter is not None:
             reporter.update(self.counts, image_finished=False)
 
@@ -259,13 +238,13 @@ class Progress:
             self.counts.skipped += 1
         else:
             self.counts.failed += 1
-        if self.bar is not None:
-            self.bar.update(1)
         if not self.local:
             line = {"event": status, "key": key, "rank": self.rank, **asdict(self.counts),
                     "seconds": round(seconds, 4)}
             sys.stdout.write(PROGRESS_LINE_PREFIX + json.dumps(line) + "\n")
             sys.stdout.flush()
+        if self.rank_file is not None:
+            self.rank_file.update(self.counts)
         if self.reporter is not None:
             self.reporter.update(self.counts)
 
@@ -276,9 +255,11 @@ class Progress:
             self.reporter.step()
 
     def close(self) -> None:
-        """Idempotent: main closes on success before the summary, and again in `finally`."""
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        """The final counts reach the rank file and the ConfigMap, once."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.rank_file is not None:
+            self.rank_file.update(self.counts, force=True)
         if self.reporter is not None:
             self.reporter.close()

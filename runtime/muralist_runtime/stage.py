@@ -22,16 +22,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from .spec.contract import DEFAULT_STAGE_DIR, MURALIST_STAGE_DIR
+
 log = logging.getLogger("muralist.stage")
 
-STAGE_DIR_ENV = "MURALIST_STAGE_DIR"
-DEFAULT_STAGE_DIR = "/tmp/muralist-stage"
 MARKER = ".muralist-staged"
 POLL_SECONDS = 0.5
 
 
 def stage_root() -> Path:
-    return Path(os.environ.get(STAGE_DIR_ENV) or DEFAULT_STAGE_DIR)
+    return Path(os.environ.get(MURALIST_STAGE_DIR) or DEFAULT_STAGE_DIR)
 
 
 def local_source(source: str, revision: str | None) -> Path:

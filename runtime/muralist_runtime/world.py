@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .spec import Parallelism
+from .spec.api import Parallelism
+from .spec.contract import PermanentFailure
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,6 @@ def layout_from_env(group_size: int, env: os._Environ[str] | dict[str, str] | No
 
 def check_layout(layout: Layout, parallelism: Parallelism) -> None:
     """The launcher's world must be the one the spec describes, or the shard plan is wrong."""
-    from .spec import PermanentFailure
-
     if layout.world_size != parallelism.world_size:
         raise PermanentFailure(
             "spec.parallelism",

@@ -33,7 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .spec import ImageTask, PermanentFailure, RuntimeSpec, spec_digest
+from .spec import resume
+from .spec.contract import PermanentFailure
+from .spec.items import ImageTask
+from .spec.resolved import RuntimeSpec
 
 TMP_SUFFIX = ".tmp"
 PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
@@ -96,21 +99,23 @@ class OutputWriter:
     # -- start ---------------------------------------------------------------------------------
 
     def check_existing_job(self) -> None:
-        """Refuse to mix images of different parameters in one directory (every rank reads)."""
+        """Refuse to mix images of different parameters in one directory (every rank reads).
+
+        The resume contract (spec/resume.py) decides: a folder written by an older version of
+        the same job resumes; one of other parameters is refused, naming the field to change.
+        """
         job = self.root / "job.json"
         if not job.is_file():
             return
         try:
-            old = json.loads(job.read_text()).get("specDigest")
+            recorded = json.loads(job.read_text())
         except (OSError, ValueError):
             return  # unreadable: rank 0 rewrites it
-        new = spec_digest(self.runtime.spec)
-        if old and old != new:
-            raise PermanentFailure(
-                "spec.output.path",
-                f"{self.root} holds images of a job with other model/generation parameters "
-                f"(digest {old}, this job {new}); use another output.path or empty it",
-            )
+        if not isinstance(recorded, dict):
+            return
+        why = resume.mismatch(recorded, self.runtime.spec)
+        if why:
+            raise PermanentFailure("spec.output.path", f"{self.root} {why}; use another output.path or empty it")
 
     def prepare(self) -> None:
         """Create the directories and remove temp files of killed processes (rank 0, first)."""
@@ -124,7 +129,8 @@ class OutputWriter:
         doc: dict[str, Any] = {
             "name": self.runtime.name,
             "namespace": self.runtime.namespace,
-            "specDigest": spec_digest(self.runtime.spec),
+            "digestVersion": resume.DIGEST_VERSION,
+            "specDigest": resume.spec_digest(self.runtime.spec),
             "spec": self.runtime.model_dump(by_alias=True, mode="json", exclude_none=True),
             "versions": library_versions(),
             "world": layout,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes.client.rest import ApiException
-from muralist_runtime.spec import GROUP, PLURAL, VERSION
+from muralist_runtime.spec.api import GROUP, PLURAL, VERSION
 
 from tests.builders import make_job
 from tests.chart.conftest import CHART, REPO, dump, kinds, one, render, run

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from muralist_runtime.spec import GROUP, PLURAL, VERSION
+from muralist_runtime.spec.api import GROUP, PLURAL, VERSION
 
 from tests.builders import make_job
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
@@ -214,3 +214,17 @@ def test_invalid_job_past_the_crd_becomes_failed(dj: DJ) -> None:
     assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["InvalidSpec"]
     assert "spec.prompts" in failed["message"]
     assert "InvalidSpec" in dj.events("cats")
+
+
+def test_a_job_too_large_for_its_spec_config_map_fails_with_the_reason(dj: DJ) -> None:
+    # The API server takes the object (it is under etcd's limit), but its spec cannot reach the
+    # pods through a ConfigMap: the job fails at once, says what to change, and creates nothing.
+    prompts = [f"a photo of product number {i} on a white background" for i in range(22_000)]
+    dj.create(make_job("huge").world(nodes=1, gpus=1).prompts(*prompts).obj())
+    failed = dj.wait_phase("huge", "Failed")
+    assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["InvalidSpec"]
+    assert failed["message"].startswith("spec.prompts: 22000 inline prompts") and "promptsFrom" in failed["message"]
+    assert "InvalidSpec" in dj.events("huge")
+    with pytest.raises(ApiException) as err:
+        dj.batch.read_namespaced_job("huge", dj.ns)
+    assert err.value.status == 404

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,7 +23,8 @@ from typing import Any
 import psutil
 import pytest
 from kubernetes import client
-from muralist_operator.render import HF_HOME, OUTPUT_MOUNT, SPEC_DIR, SPEC_KEY
+from muralist_runtime.spec import contract
+from muralist_runtime.spec.contract import HF_HOME, OUTPUT_MOUNT, SPEC_DIR, SPEC_KEY
 
 from tests.builders import make_job
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
@@ -58,12 +60,23 @@ def resolve_env(pod: Any, mounts: dict[str, Path], master_port: int) -> dict[str
                 value = str(here) + value[len(in_pod) :]
         env[var.name] = value
     # The headless Service's DNS name resolves to pod 0; here that is this machine.
-    assert (
-        env["PET_MASTER_ADDR"]
-        == f"{pod.metadata.labels['muralist.dev/job-name']}-0." + pod.metadata.labels["muralist.dev/job-name"]
-    )
-    env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"] = "127.0.0.1", str(master_port)
+    job = pod.metadata.labels["muralist.dev/job-name"]
+    assert env[contract.PET_MASTER_ADDR] == f"{job}-0.{job}"
+    env[contract.PET_MASTER_ADDR], env[contract.PET_MASTER_PORT] = "127.0.0.1", str(master_port)
     return env
+
+
+def container_command(pod: Any, env: dict[str, str], spec_file: Path) -> list[str]:
+    """The container's command as the kubelet runs it: `$(VAR)` expanded from its env, and the
+    launcher's console script (torchrun, accelerate launch) run as a module of this Python."""
+    command = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg) for arg in pod.spec.containers[0].command]
+    if command[0] == "torchrun":
+        command = [*contract.local_program("torchrun", sys.executable), *command[1:]]
+    else:
+        assert command[:2] == ["accelerate", "launch"], command
+        command = [*contract.local_program("accelerate", sys.executable), *command[2:]]
+    command[command.index("--spec") + 1] = str(spec_file)
+    return command
 
 
 def runtime_token(kube_api: Any, namespace: str, account: str) -> str:
@@ -96,18 +109,16 @@ class LocalNode:
             env = resolve_env(pod, self.mounts, master_port)
             env.update(
                 {
-                    "MURALIST_KUBE_API": self.api_url,
-                    "MURALIST_KUBE_TOKEN": token,
-                    "MURALIST_KUBE_CA": self.ca_file,
+                    contract.MURALIST_KUBE_API: self.api_url,
+                    contract.MURALIST_KUBE_TOKEN: token,
+                    contract.MURALIST_KUBE_CA: self.ca_file,
+                    contract.MURALIST_PROGRESS_DIR: str(self.root / f"progress-{pod.metadata.name}"),
                     "PATH": os.environ["PATH"],
                     "OMP_NUM_THREADS": "1",
                     **(extra_env or {}),
                 }
             )
-            command = list(pod.spec.containers[0].command)
-            assert command[0] == "torchrun"
-            command = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
-            command[command.index("--spec") + 1] = str(self.spec_dir / SPEC_KEY)
+            command = container_command(pod, env, self.spec_dir / SPEC_KEY)
             with open(self.root / f"{pod.metadata.name}.log", "wb") as log:
                 procs.append(
                     subprocess.Popen(
@@ -173,6 +184,22 @@ def test_rendered_pods_render_the_job(dj: DJ, kube_api: Any, tmp_path: Path) -> 
     for pod in pods:
         set_pod_fate(dj.core, pod.metadata.name, dj.ns, "succeed", after="100ms")
     assert dj.wait_phase("e2e", "Succeeded")["progress"]["summary"] == "6/6"
+
+
+def test_rendered_accelerate_command_runs_two_pods_to_completion(dj: DJ, kube_api: Any, tmp_path: Path) -> None:
+    # The pods' `accelerate launch ...` (once rendered with both --cpu and --multi_gpu, which
+    # accelerate refuses), as the kubelet would run it, on CPU across two pods.
+    job = small_job("acc").set("spec.parallelism.launcher", "accelerate").prompts("a red fox", "a lighthouse")
+    dj.create(job.obj())
+    pods = by_index(dj.wait_pods("acc", 2))
+    command = pods[0].spec.containers[0].command
+    assert command[:2] == ["accelerate", "launch"] and "--cpu" not in command
+    node = LocalNode(dj, kube_api, "acc", tmp_path)
+    node.wait(node.start(pods))
+    images = [i for i in node.images() if i.endswith(".png")]
+    assert images == [f"{p:05d}-{i:03d}.png" for p in range(2) for i in range(2)]
+    manifest = [json.loads(line) for line in (node.output / "acc" / "manifest.jsonl").read_text().splitlines()]
+    assert {m["rank"] for m in manifest} == {0, 1}, "both pods rendered"
 
 
 def test_stalled_rank_is_restarted_and_the_job_completes(dj: DJ, kube_api: Any, tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from muralist_runtime.spec import RuntimeSpec
+from muralist_runtime.spec import contract
+from muralist_runtime.spec.resolved import RuntimeSpec
 
 from tests.builders import JobBuilder
 
@@ -90,7 +91,7 @@ def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     cache = tmp_path_factory.mktemp("muralist-cache")
     return {
         **os.environ,
-        "MURALIST_CACHE": str(cache),
+        contract.MURALIST_CACHE: str(cache),
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "TRANSFORMERS_VERBOSITY": "error",
@@ -104,15 +105,15 @@ def tiny_model(runtime_env: dict[str, str]) -> Path:
     from muralist_runtime.pipeline import tiny_cache_dir
     from muralist_runtime.tiny import build_tiny_pipeline
 
-    old = os.environ.get("MURALIST_CACHE")
-    os.environ["MURALIST_CACHE"] = runtime_env["MURALIST_CACHE"]
+    old = os.environ.get(contract.MURALIST_CACHE)
+    os.environ[contract.MURALIST_CACHE] = runtime_env[contract.MURALIST_CACHE]
     try:
         return build_tiny_pipeline(tiny_cache_dir("muralist/tiny-flux"))
     finally:
         if old is None:
-            os.environ.pop("MURALIST_CACHE")
+            os.environ.pop(contract.MURALIST_CACHE)
         else:
-            os.environ["MURALIST_CACHE"] = old
+            os.environ[contract.MURALIST_CACHE] = old
 
 
 def _termination(path: Path) -> dict[str, Any]:
@@ -138,27 +139,17 @@ def torchrun(
     term = output.parent / f"{output.name}.termination"
     term.unlink(missing_ok=True)  # a fresh one per run, as the kubelet gives each container
     port = free_port()
+    world = contract.World(nnodes, nproc, 0)
     procs = []
     for node in range(nnodes):
-        penv = {
-            **env,
-            **(extra_env or {}),
-            "MURALIST_TERMINATION_LOG": str(term),
-            "PET_NNODES": str(nnodes),
-            "PET_NPROC_PER_NODE": str(nproc),
-            "PET_NODE_RANK": str(node),
-            "PET_MASTER_ADDR": "127.0.0.1",
-            "PET_MASTER_PORT": str(port),
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "-m", "muralist_runtime", "--spec", str(spec_file)],
-                env=penv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        # The pod contract, as `muralist run` and the pods use it: torchrun configured by PET_*.
+        rdzv = contract.Rendezvous(str(node), "127.0.0.1", str(port))
+        penv = {**env, **(extra_env or {}), contract.MURALIST_TERMINATION_LOG: str(term),
+                contract.MURALIST_PROGRESS_DIR: str(output.parent / f"{output.name}.progress-{node}"),
+                **contract.torchrun_env(world, rdzv)}
+        argv = contract.launcher_command("torchrun", world, rdzv, str(spec_file),
+                                         contract.local_program("torchrun", sys.executable))
+        procs.append(subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=timeout) for p in procs]
     code = next((p.returncode for p in procs if p.returncode), 0)
     return Run(code, "".join(o for o, _ in outs), "".join(e for _, e in outs), output, _termination(term))

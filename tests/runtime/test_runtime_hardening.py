@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from muralist_runtime.spec import PERMANENT_FAILURE_EXIT_CODE
+from muralist_runtime.spec import contract
+from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
 
 from .conftest import make_job, runtime_spec_json, torchrun
 
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.torchrun
 
 def test_step_callback_fires_once_per_step(tiny_model: Path) -> None:
     from muralist_runtime import pipeline
-    from muralist_runtime.spec import RuntimeSpec, image_tasks
+    from muralist_runtime.spec.items import image_tasks
+    from muralist_runtime.spec.resolved import RuntimeSpec
 
     job = make_job().obj()
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused"})
@@ -37,7 +39,7 @@ def test_hung_rank_ends_the_run_after_the_collective_timeout(tmp_path: Path, run
     job["parallelism"]["collectiveTimeoutSeconds"] = 10
     start = time.monotonic()
     run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2, timeout=180,
-                   extra_env={"MURALIST_TEST_HANG_AFTER": "1", "MURALIST_TEST_HANG_RANK": "1"})
+                   extra_env={contract.MURALIST_TEST_HANG_AFTER: "1", contract.MURALIST_TEST_HANG_RANK: "1"})
     elapsed = time.monotonic() - start
     assert run.returncode != 0
     assert "rank 1 blocks forever" in run.stderr
@@ -50,7 +52,7 @@ def test_hung_rank_ends_the_run_after_the_collective_timeout(tmp_path: Path, run
 def test_staging_copies_once_per_node_and_reports_timings(tmp_path: Path, runtime_env,
                                                          tiny_model) -> None:
     stage_dir = tmp_path / "stage"
-    env = {**runtime_env, "MURALIST_STAGE_DIR": str(stage_dir)}
+    env = {**runtime_env, contract.MURALIST_STAGE_DIR: str(stage_dir)}
     job = make_job().processes(2).obj()
     job["prompts"] = job["prompts"][:2]
     job["model"]["loading"] = {"stage": True, "noMmap": True}
@@ -89,7 +91,7 @@ def test_verify_canary_fails_a_broken_layout_permanently(tmp_path: Path, runtime
     job = make_job().processes(2).context_parallel(ulysses=2).obj()
     job["parallelism"]["verify"] = True
     run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2,
-                   extra_env={"MURALIST_TEST_BREAK_CP": "1"})
+                   extra_env={contract.MURALIST_TEST_BREAK_CP: "1"})
     assert run.returncode != 0
     assert run.termination["permanent"] is True
     assert run.termination["exitCode"] == PERMANENT_FAILURE_EXIT_CODE

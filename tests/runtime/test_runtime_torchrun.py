@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from muralist_runtime.spec import PERMANENT_FAILURE_EXIT_CODE
+from muralist_runtime.spec import contract
+from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
 from PIL import Image
 
 from .conftest import Run, make_job, runtime_spec_json, torchrun
@@ -46,7 +47,7 @@ def test_reference_layout(reference: Run) -> None:
                             "nodes": 1, "processesPerNode": 1}
     assert set(job["versions"]) == {"python", "torch", "diffusers", "transformers", "accelerate"}
     assert reference.termination["completed"] == 3
-    lines = [line for line in reference.stdout.splitlines() if line.startswith("MURALIST_PROGRESS ")]
+    lines = [line for line in reference.stdout.splitlines() if line.startswith(contract.PROGRESS_LINE_PREFIX)]
     assert len(lines) == 3 and json.loads(lines[-1].split(" ", 1)[1])["completed"] == 3
     assert "00002-000.png" in (reference.output / "index.html").read_text()
 
@@ -59,7 +60,7 @@ def test_data_parallel_two_processes_match_one(tmp_path: Path, runtime_env, refe
     out = tmp_path / "dp2"
     try:
         run = torchrun(runtime_spec_json(make_job().processes(2).obj(), out), out, runtime_env,
-                       2, extra_env={**env_for(api), "MURALIST_ATTEMPT": "1"})
+                       2, extra_env={**env_for(api), contract.MURALIST_ATTEMPT: "1"})
     finally:
         api.close()
     assert run.returncode == 0, run.stderr[-3000:]
@@ -89,7 +90,7 @@ def test_killed_rank_then_resume_renders_only_missing(tmp_path: Path, runtime_en
     out = tmp_path / "resume"
     spec = runtime_spec_json(make_job().processes(2).obj(), out)
     # Rank 0 (images 0 and 1) dies right after writing its first image.
-    first = torchrun(spec, out, runtime_env, 2, extra_env={"MURALIST_TEST_EXIT_AFTER": "1"})
+    first = torchrun(spec, out, runtime_env, 2, extra_env={contract.MURALIST_TEST_EXIT_AFTER: "1"})
     assert first.returncode != 0
     done_first = {e["key"] for e in first.rank_log() if e["status"] == "rendered"}
     assert "00000-000" in done_first and "00001-000" not in done_first

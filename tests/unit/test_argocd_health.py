@@ -3,21 +3,21 @@ in, a table `{status=..., message=...}` out; and the kstatus reading of the oper
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from muralist_operator.lifecycle import decide, iso
-from muralist_operator.observe import JobView, Observed, PodView, Termination
-from muralist_runtime.spec import DiffusionJobStatus
+from muralist_operator.lifecycle import decide
+from muralist_operator.observe import Observed, Termination
+from muralist_runtime.spec.status import DiffusionJobStatus
 
 from tests.builders import make_job
+from tests.views import NOW, job_view
+from tests.views import pod as make_pod
 
 lupa = pytest.importorskip("lupa")
 
 HEALTH_LUA = Path(__file__).resolve().parents[2] / "deploy" / "argocd" / "health.lua"
-NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
 
 def argocd_health(obj: dict[str, Any]) -> dict[str, str]:
@@ -97,18 +97,6 @@ def kstatus(obj: dict[str, Any]) -> str:
     return "Current"  # no conditions to read: kstatus takes the object as it is
 
 
-def job_view(**fields: Any) -> JobView:
-    base: dict[str, Any] = dict(name="cats", attempt=0, deleting=False, suspended=False, complete=False,
-                                failed=False, failure_reason="", failure_message="", active=1, ready=0,
-                                succeeded=0, start_time=iso(NOW - timedelta(seconds=30)))
-    return JobView(**(base | fields))
-
-
-def pod(phase: str = "Running", term: Termination | None = None) -> PodView:
-    return PodView(name="cats-0-x", attempt=0, index=0, phase=phase, deleting=False, ready=phase == "Running",
-                   termination=term)
-
-
 def decided(observed: Observed, generation: int = 1, **policy: Any) -> dict[str, Any]:
     """The object as the API server would serve it after the operator's status write."""
     builder = make_job("cats")
@@ -123,9 +111,9 @@ def decided(observed: Observed, generation: int = 1, **policy: Any) -> dict[str,
 
 DECIDED = {
     "created": (Observed(), "InProgress", "Progressing"),
-    "running": (Observed(job=job_view(), pods=[pod()]), "Current", "Progressing"),
-    "succeeded": (Observed(job=job_view(complete=True, active=0, succeeded=1)), "Current", "Healthy"),
-    "failed": (Observed(job=job_view(failed=True, active=0), pods=[pod("Failed", Termination(2, "Error", "oom"))]),
+    "running": (Observed(job=job_view(), pods=[make_pod()]), "Current", "Progressing"),
+    "succeeded": (Observed(job=job_view(complete=True)), "Current", "Healthy"),
+    "failed": (Observed(job=job_view(failed=True), pods=[make_pod(phase="Failed", term=Termination(2, "E", "oom"))]),
                "Failed", "Degraded"),
 }
 
@@ -140,7 +128,7 @@ def test_operator_status_reads_right_for_kstatus_and_argocd(observed: Observed, 
 
 
 def test_spec_change_not_yet_observed_is_in_progress_for_both() -> None:
-    obj = decided(Observed(job=job_view(complete=True, active=0, succeeded=1)))
+    obj = decided(Observed(job=job_view(complete=True)))
     obj["metadata"]["generation"] = 2
     assert kstatus(obj) == "InProgress"
     assert argocd_health(obj)["status"] == "Progressing"

@@ -3,47 +3,25 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-from muralist_operator.lifecycle import CreateJob, DeleteJob, DeleteSelf, SetJobSuspend, decide, decide_invalid, iso
-from muralist_operator.observe import JobView, Observed, PodView, RankReport, Termination, rank_reports
-from muralist_runtime.spec import PERMANENT_FAILURE_EXIT_CODE, DiffusionJobStatus, Phase
+from muralist_operator.decision import (
+    REASON_INVALID_SPEC,
+    CreateJob,
+    DeleteJob,
+    DeleteSelf,
+    SetJobSuspend,
+    decide_failed,
+    iso,
+)
+from muralist_operator.lifecycle import decide
+from muralist_operator.observe import Observed, RankReport, Termination, rank_reports
+from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
+from muralist_runtime.spec.status import DiffusionJobStatus, Phase
 
 from tests.builders import make_job
-
-NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
-
-
-def job_view(attempt: int = 0, **fields: object) -> JobView:
-    base = dict(
-        name="cats",
-        attempt=attempt,
-        deleting=False,
-        suspended=False,
-        complete=False,
-        failed=False,
-        failure_reason="",
-        failure_message="",
-        active=1,
-        ready=0,
-        succeeded=0,
-        start_time=iso(NOW - timedelta(seconds=30)),
-    )
-    base.update(fields)
-    return JobView(**base)  # type: ignore[arg-type]
-
-
-def pod(index: int = 0, phase: str = "Running", attempt: int = 0, term: Termination | None = None) -> PodView:
-    return PodView(
-        name=f"cats-{index}-x",
-        attempt=attempt,
-        index=index,
-        phase=phase,
-        deleting=False,
-        ready=phase == "Running",
-        termination=term,
-    )
+from tests.views import NOW, job_view, pod
 
 
 def status(**fields: object) -> DiffusionJobStatus:
@@ -209,7 +187,7 @@ def test_stalled_group_is_restarted() -> None:
 
 
 def test_invalid_spec_fails_with_reason() -> None:
-    d = decide_invalid(status(), 1, ["spec.x: bad"], NOW)
+    d = decide_failed(status(), 1, REASON_INVALID_SPEC, "spec.x: bad", NOW)
     assert d.status.phase == Phase.FAILED
     assert [(c.reason) for c in d.status.conditions if c.type == "Failed"] == ["InvalidSpec"]
     assert d.events[0].reason == "InvalidSpec"

@@ -9,7 +9,7 @@ from muralist_operator.render import (
     RenderError,
     render_children,
 )
-from muralist_runtime.spec import RuntimeSpec
+from muralist_runtime.spec.resolved import RuntimeSpec
 
 from tests.builders import make_job
 
@@ -150,18 +150,41 @@ def test_suspend_and_kueue(policy: dict, suspended: bool, queue_label: str | Non
     assert job_obj["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == queue_label
 
 
+def command_of(job: Any) -> list[str]:
+    return render_children(job, "ns", SETTINGS).job["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
 def test_accelerate_launcher_command() -> None:
     job = make_job().world(nodes=2, gpus=0, processes=2).set("spec.parallelism.launcher", "accelerate").job()
-    cmd = render_children(job, "ns", SETTINGS).job["spec"]["template"]["spec"]["containers"][0]["command"]
+    cmd = command_of(job)
     assert cmd[:2] == ["accelerate", "launch"]
     assert cmd[cmd.index("--num_processes") + 1] == "4"
-    assert "--cpu" in cmd and "--multi_gpu" in cmd
+    # accelerate refuses --cpu with --multi_gpu, and without --multi_gpu starts one process.
+    assert "--multi_gpu" in cmd and "--cpu" not in cmd
     assert cmd[cmd.index("--machine_rank") + 1] == "$(PET_NODE_RANK)"
+    single = command_of(make_job().world(nodes=1, gpus=0, processes=1).set("spec.parallelism.launcher",
+                                                                           "accelerate").job())
+    assert "--cpu" in single and "--multi_gpu" not in single
 
 
-def test_too_many_inline_prompts_point_to_prompts_from() -> None:
-    prompt = "x" * 100
-    job = make_job().prompts(*[prompt] * (CONFIGMAP_MAX_BYTES // 100 + 10)).job()
+def test_pod_and_local_commands_come_from_one_contract() -> None:
+    from muralist_runtime import local
+
+    job = make_job().world(nodes=2, gpus=0, processes=2).set("spec.parallelism.launcher", "accelerate").job()
+    pod = command_of(job)
+    runtime = RuntimeSpec(name="cats", spec=job.spec, output_dir="/o")
+    (here, _), _ = local.agent_commands(runtime, "/etc/muralist/spec/spec.json", 29500)
+    # The same flags in the same order; only the program and the rendezvous values differ.
+    assert [a for a in pod if a.startswith("--")] == [a for a in here if a.startswith("--")]
+    assert pod[pod.index("--rdzv_backend"):] == here[here.index("--rdzv_backend"):]
+
+
+def test_render_refuses_a_spec_too_large_for_its_config_map() -> None:
+    # Admission refuses such a job (tests/unit/test_catalog.py); render keeps its own guard for
+    # a spec that did not come through admission.
+    job = make_job().job()
+    prompts = ["x" * 100] * (CONFIGMAP_MAX_BYTES // 100 + 10)
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"prompts": prompts})})
     with pytest.raises(RenderError, match="promptsFrom"):
         render_children(job, "ns", SETTINGS)
 

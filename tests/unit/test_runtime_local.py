@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 from muralist_runtime import local
-from muralist_runtime.spec import RuntimeSpec
+from muralist_runtime.spec.problems import ValidationProblem
+from muralist_runtime.spec.resolved import RuntimeSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,16 +37,43 @@ def test_invalid_manifest_prints_every_problem(tmp_path: Path, capsys) -> None:
     assert "Traceback" not in err
 
 
-def test_prompts_from_needs_a_prompts_file(tmp_path: Path, capsys) -> None:
+def test_prompts_from_needs_its_config_map_or_a_prompts_file(tmp_path: Path, capsys) -> None:
     path = write(tmp_path, {"model": {"name": "m"},
                             "promptsFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}})
     assert local.run_local(args(path)) == 1
-    assert "--prompts-file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "ConfigMap 'c'" in err and "--prompts-file" in err
+    assert err.count(str(path)) == 1, "the file is named once"
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_run_reads_every_file_validate_accepts(example: str, tmp_path: Path) -> None:
+    # One reader: `muralist run` takes the DiffusionJob of each example (and serves a promptsFrom
+    # ConfigMap found in the same file from a local file).
+    job, manifest = local.load_job(str(REPO / "examples" / example))
+    prompts = local.prompts_file_for(job, manifest, None, tmp_path)
+    if job.spec.prompts_from is not None:
+        ref = job.spec.prompts_from.config_map_key_ref
+        assert Path(prompts).read_text() == manifest.config_map_value(ref.name, ref.key)
+        assert len(Path(prompts).read_text().splitlines()) == 3
+    else:
+        assert prompts is None
+
+
+def test_a_file_with_two_jobs_is_refused_with_their_names(tmp_path: Path) -> None:
+    one = yaml.safe_load((REPO / "examples" / "quickstart-cpu.yaml").read_text())
+    two = {**one, "metadata": {"name": "second"}}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([one, two]))
+    with pytest.raises(ValidationProblem) as err:
+        local.load_job(str(path))
+    assert err.value.problems == [f"{path}: holds 2 DiffusionJobs (quickstart, second); muralist run takes one: "
+                                  "put each in its own file"]
 
 
 def test_runtime_spec_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    job = local.load_job(str(REPO / "examples" / "quickstart-cpu.yaml"))
+    job, _ = local.load_job(str(REPO / "examples" / "quickstart-cpu.yaml"))
     spec = local.runtime_spec(job, None, "model-dir", None)
     assert spec.output_dir == str(tmp_path / "muralist-output" / "quickstart")
     assert spec.model_path == str(tmp_path / "model-dir")
@@ -54,7 +82,7 @@ def test_runtime_spec_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_quickstart_example_is_a_small_cpu_job() -> None:
-    job = local.load_job(str(REPO / "examples" / "quickstart-cpu.yaml"))
+    job, _ = local.load_job(str(REPO / "examples" / "quickstart-cpu.yaml"))
     par = job.spec.parallelism
     assert (job.spec.model.name, par.strategy, par.gpus_per_node, par.world_size) == (
         "muralist/tiny-flux", "DataParallel", 0, 2)
@@ -84,6 +112,7 @@ def test_accelerate_on_cpu_uses_multi_gpu_for_several_processes() -> None:
     # accelerate starts one process on CPU without --multi_gpu, and refuses it with --cpu.
     assert "--multi_gpu" in argv and "--cpu" not in argv
     assert argv[argv.index("--num_processes") + 1] == "2"
+    assert argv[argv.index("--main_process_ip") + 1] == "127.0.0.1"
     assert argv[-4:] == ["-m", "muralist_runtime", "--spec", "/s"]
     (one, _env), = local.agent_commands(
         spec_for({"gpusPerNode": 0, "processesPerNode": 1, "launcher": "accelerate"}), "/s", 1)
@@ -103,4 +132,4 @@ def test_exit_code_from_termination_message(tmp_path: Path, codes, doc, expected
     path = tmp_path / "t"
     if doc is not None:
         path.write_text(json.dumps(doc))
-    assert local._verdict(codes, path) == expected
+    assert local.verdict(codes, path) == expected

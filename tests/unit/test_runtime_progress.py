@@ -1,19 +1,17 @@
-"""Progress: JSON lines, termination message, ConfigMap patches against a local HTTP server."""
+"""Progress: JSON lines, rank files and the whole-job bar, ConfigMap patches against a local HTTP server."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from muralist_runtime import progress
-from muralist_runtime.progress import ConfigMapReporter, Counts, Progress, kube_target_from_env
+from muralist_runtime.progress import ConfigMapReporter, Progress, RankFile, kube_target_from_env, read_counts
+from muralist_runtime.spec.contract import Counts
 
 
 class FakeApiServer:
@@ -123,63 +121,6 @@ def test_progress_lines_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
                     "skipped": 1, "failed": 0, "total": 2, "seconds": 1.2346}
 
 
-def test_termination_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "termination-log"
-    monkeypatch.setenv("MURALIST_TERMINATION_LOG", str(path))
-    text = progress.summary(Counts(1, 2, 0, 5), 78, True, "PermanentFailure",
-                            "spec.parallelism.gpusPerNode: " + "x" * 10000)
-    assert len(text.encode()) <= 4096
-    progress.write_termination(text)
-    doc = json.loads(path.read_text())
-    assert doc["exitCode"] == 78 and doc["permanent"] is True
-    assert doc["message"].startswith("spec.parallelism.gpusPerNode: xxx")
-    assert (doc["completed"], doc["skipped"], doc["total"]) == (1, 2, 5)
-
-
-def _rank_fails(path: str, message_length: int, start: Any) -> None:
-    os.environ["MURALIST_TERMINATION_LOG"] = path
-    start.wait()
-    progress.write_termination(progress.summary(Counts(), 1, False, "Error", "x" * message_length))
-
-
-def test_ranks_failing_together_leave_one_whole_termination_message(tmp_path: Path) -> None:
-    # One container, every local rank writing its message at the same moment, messages of
-    # different lengths: unlocked, their writes interleave into invalid JSON.
-    fork = multiprocessing.get_context("fork")
-    for pair in range(40):
-        path = tmp_path / f"termination-log-{pair}"
-        start = fork.Barrier(2)
-        ranks = [fork.Process(target=_rank_fails, args=(str(path), n, start)) for n in (10, 3000)]
-        for rank in ranks:
-            rank.start()
-        for rank in ranks:
-            rank.join(timeout=30)
-        assert len(json.loads(path.read_text())["message"]) in (10, 3000), f"pair {pair}"
-
-
-def test_a_permanent_failure_is_not_replaced_by_another_ranks_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "termination-log"
-    monkeypatch.setenv("MURALIST_TERMINATION_LOG", str(path))
-
-    def write(reason: str, message: str) -> str:
-        progress.write_termination(progress.summary(Counts(), 1, reason == "PermanentFailure", reason, message))
-        return json.loads(path.read_text())["message"]
-
-    assert write("Error", "rank 1: collective aborted") == "rank 1: collective aborted"
-    assert write("PermanentFailure", "spec.model.dtype: unsupported") == "spec.model.dtype: unsupported"
-    assert write("Error", "rank 0: collective aborted") == "spec.model.dtype: unsupported"
-    assert write("PermanentFailure", "spec.prompts: too long") == "spec.prompts: too long"
-
-
-def test_no_termination_log_outside_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MURALIST_TERMINATION_LOG", raising=False)
-    monkeypatch.setattr(progress, "TERMINATION_LOG", "/nonexistent/termination-log")
-    assert progress.termination_log_path() is None
-    progress.write_termination("{}")  # silently nothing
-
-
 def test_report_carries_last_step_time_advancing_per_step(api: FakeApiServer,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(f"2026-01-01T00:00:{s:02d}Z" for s in range(60))
@@ -198,7 +139,31 @@ def test_report_carries_last_step_time_advancing_per_step(api: FakeApiServer,
     assert prog.steps == 3
 
 
-def test_termination_summary_carries_timings() -> None:
-    doc = json.loads(progress.summary(Counts(total=1), 0, False, "Completed", "",
-                                      {"loadSeconds": 12.34567, "generateSeconds": 3.0}))
-    assert (doc["loadSeconds"], doc["generateSeconds"]) == (12.346, 3.0)
+def test_rank_files_of_all_pods_sum_to_the_whole_job(tmp_path: Path) -> None:
+    # Two agents ("pods") of two ranks each; rank 3 is a CP group's second rank (writes nothing).
+    pods = [tmp_path / "pod-0", tmp_path / "pod-1"]
+    progs = [Progress(rank=r, total=4, writes=r != 3, local=True, rank_file=RankFile(pods[r // 2], r, interval=60))
+             for r in range(4)]
+    for r, prog in enumerate(progs):
+        for i in range(r + 1 if r != 3 else 0):
+            prog.image_done(f"{r}-{i}", "skipped" if i == 0 else "completed", 0.0)
+    assert read_counts(pods) == Counts(completed=0, skipped=0, failed=0, total=12), "throttled: only the first write"
+    for prog in progs:
+        prog.close()
+    assert read_counts(pods) == Counts(completed=3, skipped=3, failed=0, total=12)
+    (pods[0] / "rank-9.json").write_text("{not json")  # a torn write is skipped, not fatal
+    assert read_counts(pods).total == 12
+
+
+def test_local_bar_counts_every_rank_of_every_agent(tmp_path: Path) -> None:
+    from muralist_runtime.local import JobBar
+
+    pods = [tmp_path / "pod-0", tmp_path / "pod-1"]
+    for r in range(2):
+        prog = Progress(rank=r, total=8, writes=True, local=True, rank_file=RankFile(pods[r], r))
+        for i in range(8):
+            prog.image_done(str(i), "completed", 0.0)
+        prog.close()
+    with JobBar(pods, total=16) as bar:
+        bar.refresh()
+        assert (bar.bar.n, bar.bar.total) == (16, 16), "the whole job, not rank 0's share"

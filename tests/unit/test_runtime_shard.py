@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from muralist_runtime.spec import Generation, PromptSpec, image_tasks
-from muralist_runtime.strategies import plan_for_rank, shard
+from muralist_runtime.assign import plan_for_rank, shard
+from muralist_runtime.spec.api import Generation, PromptSpec
+from muralist_runtime.spec.items import image_tasks
 from muralist_runtime.world import Layout
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from muralist_runtime.spec import DiffusionJobSpec, PermanentFailure, Strategy
-from muralist_runtime.strategies import REGISTRY, cpu_device_shim, get_strategy
+from muralist_runtime.spec.api import ContextParallelSpec, DiffusionJobSpec, Strategy, TensorParallelSpec
+from muralist_runtime.spec.contract import PermanentFailure
+from muralist_runtime.strategies import REGISTRY, Plan, cpu_device_shim, get_strategy
 
 
 def spec(**parallelism) -> DiffusionJobSpec:
@@ -49,17 +50,22 @@ CP = {"strategy": "ContextParallel"}
     ],
     ids=["heads-not-divisible", "no-cp-plan", "unet", "tp-heads", "no-tp-plan"],
 )
-def test_model_checks(par, the_pipe, field) -> None:
+def test_model_checks(tmp_path, par, the_pipe, field) -> None:
     s = spec(**par)
+    strategy = get_strategy(s.parallelism.strategy)
+    plan = strategy.plan(s, str(tmp_path), None, gpu=s.parallelism.gpus_per_node > 0)
     with pytest.raises(PermanentFailure) as err:
-        get_strategy(s.parallelism.strategy).check_model(the_pipe, s)
+        strategy.check_model(the_pipe, plan)
     assert str(err.value).startswith(field + ": ")
     assert "\n" not in str(err.value)
 
 
-def test_model_checks_pass_for_a_fitting_model() -> None:
+def test_model_checks_pass_for_a_fitting_model(tmp_path) -> None:
     s = spec(**CP, contextParallel={"ulyssesDegree": 2})
-    get_strategy("ContextParallel").check_model(pipe(heads=4), s)
+    strategy = get_strategy("ContextParallel")
+    plan = strategy.plan(s, str(tmp_path), None, gpu=False)
+    assert plan == Plan("ContextParallel", group_size=2, ulysses=2, attention_backend="native")
+    strategy.check_model(pipe(heads=4), plan)
 
 
 def unchecked(**parallelism) -> DiffusionJobSpec:
@@ -69,13 +75,11 @@ def unchecked(**parallelism) -> DiffusionJobSpec:
     return base.model_copy(update={"parallelism": par})
 
 
-def test_tensor_parallel_refused_without_gpu() -> None:
-    from muralist_runtime.spec import TensorParallelSpec
-
+def test_tensor_parallel_refused_without_gpu(tmp_path) -> None:
     s = unchecked(strategy="TensorParallel", tensor_parallel=TensorParallelSpec(degree=2))
     with pytest.raises(PermanentFailure, match=r"^spec.parallelism.gpusPerNode: TensorParallel"):
-        get_strategy("TensorParallel").validate(s, gpu=False)
-    get_strategy("TensorParallel").validate(s, gpu=True)
+        get_strategy("TensorParallel").plan(s, str(tmp_path), None, gpu=False)
+    assert get_strategy("TensorParallel").plan(s, str(tmp_path), None, gpu=True).group_size == 2
 
 
 @pytest.mark.parametrize(
@@ -87,19 +91,20 @@ def test_tensor_parallel_refused_without_gpu() -> None:
         ("flash", 2, "needs GPUs"),
     ],
 )
-def test_attention_backend_checks(backend: str, ring: int, message: str) -> None:
-    from muralist_runtime.spec import ContextParallelSpec
-
+def test_attention_backend_checks(tmp_path, backend: str, ring: int, message: str) -> None:
     s = unchecked(strategy="ContextParallel", context_parallel=ContextParallelSpec.model_construct(
         ring_degree=ring, ulysses_degree=3 - ring, attention_backend=backend))
     with pytest.raises(PermanentFailure, match=message) as err:
-        get_strategy("ContextParallel").validate(s, gpu=False)
+        get_strategy("ContextParallel").plan(s, str(tmp_path), None, gpu=False)
     assert str(err.value).startswith("spec.parallelism.contextParallel.attentionBackend: ")
 
 
-def test_ulysses_with_native_is_accepted() -> None:
-    s = spec(**CP, contextParallel={"ulyssesDegree": 2})
-    get_strategy("ContextParallel").validate(s, gpu=False)
+def test_device_map_plan_carries_the_placement(tmp_path) -> None:
+    s = spec(strategy="DeviceMap", gpusPerNode=2, processesPerNode=1, deviceMap={"maxMemory": {"0": "20GiB"}})
+    strategy = get_strategy("DeviceMap")
+    assert strategy.plan(s, str(tmp_path), None, gpu=True).load_kwargs == {
+        "device_map": "balanced", "max_memory": {0: "20GiB"}}
+    assert strategy.plan(s, str(tmp_path), None, gpu=False).load_kwargs == {}
 
 
 def test_read_spec_refuses_what_admission_refuses(tmp_path) -> None:

@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from muralist_runtime.spec import PermanentFailure, RuntimeSpec, image_tasks
+from muralist_runtime.spec.contract import PermanentFailure
+from muralist_runtime.spec.items import image_tasks
+from muralist_runtime.spec.resolved import RuntimeSpec
 from muralist_runtime.writer import OutputWriter, atomic_write_text, gallery_html
 from PIL import Image
 
@@ -121,6 +123,39 @@ def test_job_json_and_mixing_refused(tmp_path: Path) -> None:
     OutputWriter(runtime(tmp_path), 0).check_existing_job()  # same parameters: resume
     with pytest.raises(PermanentFailure, match=r"^spec.output.path: "):
         OutputWriter(runtime(tmp_path, steps=3), 0).check_existing_job()
+
+
+def legacy_job_json(spec: RuntimeSpec, drop: tuple[str, ...]) -> dict:
+    """job.json as Muralist 0.1 wrote it, before `drop` (fields of spec.generation) existed:
+    no digestVersion, its own digest formula, the spec without those fields."""
+    recorded = spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    for name in drop:
+        del recorded["spec"]["generation"][name]
+    return {"name": "w", "specDigest": "0123456789abcdef", "spec": recorded}
+
+
+def test_an_output_folder_of_an_older_version_resumes(tmp_path: Path) -> None:
+    # An operator or runtime upgrade mid-job adds spec fields with defaults: the folder its
+    # first pod group wrote must resume, not fail permanently.
+    (tmp_path / "job.json").write_text(json.dumps(legacy_job_json(runtime(tmp_path), ("vaeTiling", "compile"))))
+    OutputWriter(runtime(tmp_path), 0).check_existing_job()
+    with pytest.raises(PermanentFailure, match="other model/generation parameters"):
+        OutputWriter(runtime(tmp_path, steps=3), 0).check_existing_job()
+
+
+def test_digest_covers_pixels_only_and_ignores_defaults() -> None:
+    from muralist_runtime.spec.resume import recorded_digest, spec_digest
+
+    base = runtime(Path("/o")).spec
+    same = [base.model_copy(update={"generation": base.generation.model_copy(update=change)})
+            for change in ({"batch_size": 4}, {"compile": True}, {"vae_tiling": False})]
+    assert {spec_digest(s) for s in same} == {spec_digest(base)}
+    other = base.model_copy(update={"generation": base.generation.model_copy(update={"vae_tiling": True})})
+    assert spec_digest(other) != spec_digest(base), "tiled decoding changes pixels"
+    assert recorded_digest({"digestVersion": 2, "specDigest": "x"}) == "x"
+    newer = legacy_job_json(runtime(Path("/o")), ())
+    newer["spec"]["spec"]["generation"]["someFutureField"] = 1
+    assert recorded_digest(newer) is None, "fields this version does not know may change pixels"
 
 
 def test_gallery_escapes_user_strings() -> None:

@@ -1,0 +1,51 @@
+"""Failure injection for tests: a rank that dies or hangs after writing N images.
+
+- MURALIST_TEST_EXIT_AFTER=N: a rank (MURALIST_TEST_EXIT_RANK, default 0) `os._exit`s with
+  TEST_KILLED_EXIT_CODE right after writing its N-th image, standing in for a killed pod.
+- MURALIST_TEST_HANG_AFTER=N: a rank (MURALIST_TEST_HANG_RANK, default 0) blocks forever after
+  its N-th image, standing in for a stuck rank (its heartbeat goes on, its steps stop).
+
+With either set, each image is written before the next is rendered, so N is exact.
+MURALIST_TEST_BREAK_CP is read by canary.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+from .spec import contract
+
+log = logging.getLogger("muralist")
+
+
+@dataclass
+class TestKnobs:
+    __test__ = False  # not a pytest class
+    exit_after: int = 0
+    exit_rank: int = 0
+    hang_after: int = 0
+    hang_rank: int = 0
+    written: int = 0
+
+    @classmethod
+    def from_env(cls) -> TestKnobs:
+        def num(name: str) -> int:
+            return int(os.environ.get(name, "0") or 0)
+
+        return cls(num(contract.MURALIST_TEST_EXIT_AFTER), num(contract.MURALIST_TEST_EXIT_RANK),
+                   num(contract.MURALIST_TEST_HANG_AFTER), num(contract.MURALIST_TEST_HANG_RANK))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.exit_after or self.hang_after)
+
+    def image_written(self, rank: int) -> None:
+        self.written += 1
+        if self.exit_after and self.written == self.exit_after and rank == self.exit_rank:
+            os._exit(contract.TEST_KILLED_EXIT_CODE)
+        if self.hang_after and self.written == self.hang_after and rank == self.hang_rank:
+            log.warning("%s=%d: rank %d blocks forever", contract.MURALIST_TEST_HANG_AFTER, self.hang_after, rank)
+            threading.Event().wait()

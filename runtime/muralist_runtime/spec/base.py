@@ -1,0 +1,30 @@
+"""What every API model shares: camelCase on the wire, unknown fields refused."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, unknown fields refused, snake_case in Python."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The object as it appears in a manifest (camelCase, unset optionals left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# A Kubernetes object we pass through untouched (VolumeSource, Affinity, ...): the API server
+# and kubelet validate those, and their schemas are far too large to copy into our CRD.
+KubeObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+

@@ -1,0 +1,271 @@
+"""The pod contract: what the operator's pods, `muralist run` and the runtime agree on.
+
+One module for every name that crosses the boundary between the operator (or the local
+runner) and the runtime: the torchrun and accelerate command lines, the PET_* and MURALIST_*
+environment variables, the paths inside the pod, the exit codes and the termination message.
+Render, the local runner, the runtime's readers, the CEL reserved-name rule and the test
+harness all take them from here, so they cannot drift apart.
+
+Pure and torch-free: the operator image imports it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+# -- torchrun: it reads PET_<FLAG> for each --flag, so a container needs no flags at all -------
+PET_NNODES = "PET_NNODES"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+MASTER_PORT = 29500
+# The Job controller annotates each pod with its index; the node rank is a field reference to it.
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# What torchrun exports to each worker (and accelerate, which runs torchrun's agent underneath).
+WORKER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+              "MASTER_ADDR", "MASTER_PORT")
+
+# -- Muralist's own variables, read by the runtime ---------------------------------------------
+MURALIST_NAMESPACE = "MURALIST_NAMESPACE"  # the job's namespace (a field reference)
+MURALIST_ATTEMPT = "MURALIST_ATTEMPT"  # which pod group of the job this is (0, 1, ... restarts)
+MURALIST_PROGRESS_CONFIGMAP = "MURALIST_PROGRESS_CONFIGMAP"  # where ranks report live counts
+MURALIST_LOCAL = "MURALIST_LOCAL"  # "1" under `muralist run`: a bar for people, no JSON lines
+MURALIST_PROGRESS_DIR = "MURALIST_PROGRESS_DIR"  # where a pod's ranks keep their counts (progress.py)
+MURALIST_TERMINATION_LOG = "MURALIST_TERMINATION_LOG"  # overrides TERMINATION_LOG (local runs, tests)
+MURALIST_CACHE = "MURALIST_CACHE"  # where built-in tiny models are built (default under HF_HOME)
+MURALIST_STAGE_DIR = "MURALIST_STAGE_DIR"  # node-local disk for model.loading.stage
+# The API server for live progress outside a pod (tests); in a pod, the service account's.
+MURALIST_KUBE_API = "MURALIST_KUBE_API"
+MURALIST_KUBE_TOKEN = "MURALIST_KUBE_TOKEN"
+MURALIST_KUBE_CA = "MURALIST_KUBE_CA"
+# The operator's default runtime image (an operator setting, not a pod variable).
+MURALIST_RUNTIME_IMAGE = "MURALIST_RUNTIME_IMAGE"
+# Failure injection for tests (runtime/muralist_runtime/knobs.py says what each does).
+MURALIST_TEST_EXIT_AFTER = "MURALIST_TEST_EXIT_AFTER"
+MURALIST_TEST_EXIT_RANK = "MURALIST_TEST_EXIT_RANK"
+MURALIST_TEST_HANG_AFTER = "MURALIST_TEST_HANG_AFTER"
+MURALIST_TEST_HANG_RANK = "MURALIST_TEST_HANG_RANK"
+MURALIST_TEST_BREAK_CP = "MURALIST_TEST_BREAK_CP"
+
+# A user env var may not shadow the contract: these prefixes and names are refused.
+RESERVED_ENV_PREFIXES = ("PET_", "MURALIST_")
+RESERVED_ENV_NAMES = frozenset({*WORKER_ENV, "HF_TOKEN"})
+
+# -- paths inside the pod ----------------------------------------------------------------------
+SPEC_DIR = "/etc/muralist/spec"
+SPEC_KEY = "spec.json"
+SPEC_FILE = f"{SPEC_DIR}/{SPEC_KEY}"
+PROMPTS_DIR = "/etc/muralist/prompts"
+PROMPTS_FILE = "prompts.txt"
+OUTPUT_MOUNT = "/output"
+HF_HOME = "/var/cache/huggingface"
+DEFAULT_STAGE_DIR = "/tmp/muralist-stage"
+# Kubernetes reads a container's termination message from this file.
+TERMINATION_LOG = "/dev/termination-log"
+RUNTIME_MODULE = "muralist_runtime"
+
+# -- exit codes --------------------------------------------------------------------------------
+EXIT_OK = 0
+EXIT_RETRYABLE = 1
+# sysexits' EX_CONFIG: retrying cannot help (a bad model for the layout, no GPU for TP...).
+# torchrun replaces a worker's exit code with its own, so the verdict also travels in the
+# termination message (`permanent: true`), where the operator and `muralist run` read it.
+PERMANENT_FAILURE_EXIT_CODE = 78
+# A test knob's stand-in for a killed pod (MURALIST_TEST_EXIT_AFTER).
+TEST_KILLED_EXIT_CODE = 17
+
+# One line per finished image on a pod's stdout, for log-based tooling.
+PROGRESS_LINE_PREFIX = "MURALIST_PROGRESS "
+
+
+class PermanentFailure(Exception):
+    """What retrying cannot fix. The runtime exits with PERMANENT_FAILURE_EXIT_CODE and
+    `str(self)`: one line that starts with the spec field to change."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def reserved_env_problem(name: str) -> str | None:
+    if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+        return (f"'{name}' is set by Muralist (torchrun contract / HF token); rename or remove it "
+                "(use model.tokenSecret for HF_TOKEN)")
+    return None
+
+
+def reserved_env_cel() -> str:
+    """The same rule as reserved_env_problem, for the CRD (`self` is the env list)."""
+    prefixes = " && ".join(f"!e.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES)
+    names = ", ".join(f"'{n}'" for n in sorted(RESERVED_ENV_NAMES))
+    return f"self.all(e, {prefixes} && !(e.name in [{names}]))"
+
+
+# -- the launcher command ----------------------------------------------------------------------
+
+Launcher = Literal["torchrun", "accelerate"]
+
+
+@dataclass(frozen=True)
+class World:
+    """The torchrun world one pod (or one local agent) joins."""
+
+    nodes: int
+    processes_per_node: int
+    gpus_per_node: int
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where this agent's world meets. Values, or `$(VAR)` references the kubelet expands."""
+
+    node_rank: str
+    master_addr: str
+    master_port: str
+
+
+def torchrun_env(world: World, rdzv: Rendezvous) -> dict[str, str]:
+    """torchrun's whole configuration, as the PET_* variables it reads for its flags."""
+    return {
+        PET_NNODES: str(world.nodes),
+        PET_NPROC_PER_NODE: str(world.processes_per_node),
+        PET_NODE_RANK: rdzv.node_rank,
+        PET_MASTER_ADDR: rdzv.master_addr,
+        PET_MASTER_PORT: rdzv.master_port,
+    }
+
+
+def launcher_command(launcher: Launcher, world: World, rdzv: Rendezvous, spec_file: str,
+                     program: list[str] | None = None) -> list[str]:
+    """The command of one agent: `torchrun` (configured by torchrun_env) or `accelerate launch`.
+
+    `program` replaces the launcher executable (`[sys.executable, "-m", ...]` for local runs);
+    by default the console scripts of the runtime image.
+    """
+    runtime = ["-m", RUNTIME_MODULE, "--spec", spec_file]
+    if launcher == "torchrun":
+        return [*(program or ["torchrun"]), *runtime]
+    argv = [*(program or ["accelerate", "launch"]),
+            "--num_machines", str(world.nodes),
+            "--num_processes", str(world.size),
+            "--machine_rank", rdzv.node_rank,
+            "--main_process_ip", rdzv.master_addr,
+            "--main_process_port", rdzv.master_port,
+            "--rdzv_backend", "static",
+            # Without these accelerate warns about (and guesses) defaults from a config file.
+            "--mixed_precision", "no",
+            "--dynamo_backend", "no"]
+    if world.size > 1:
+        # accelerate starts ONE process without --multi_gpu (even with --cpu), and refuses
+        # --multi_gpu together with --cpu; on CPU the runtime's PartialState(cpu=True) then
+        # sets up gloo for the processes it started.
+        argv.append("--multi_gpu")
+    elif world.gpus_per_node == 0:
+        argv.append("--cpu")
+    return [*argv, *runtime]
+
+
+def accelerate_program(python: str) -> list[str]:
+    return [python, "-m", "accelerate.commands.launch"]
+
+
+def torchrun_program(python: str) -> list[str]:
+    return [python, "-m", "torch.distributed.run"]
+
+
+def local_program(launcher: Launcher, python: str) -> list[str]:
+    """The launcher of `launcher` as a module of this interpreter (no console script needed)."""
+    return accelerate_program(python) if launcher == "accelerate" else torchrun_program(python)
+
+
+# -- the termination message -------------------------------------------------------------------
+
+TERMINATION_MESSAGE_MAX = 4096
+Reason = Literal["Completed", "Error", "PermanentFailure"]
+# Every local rank of a container may write the one termination message: the most severe wins.
+SEVERITY: Mapping[str, int] = {"Completed": 0, "Error": 1, "PermanentFailure": 2}
+
+
+@dataclass
+class Counts:
+    """Images of one rank (or one pod, summed): done now, kept from before, failed, in all."""
+
+    completed: int = 0
+    skipped: int = 0
+    failed: int = 0
+    total: int = 0
+
+
+@dataclass
+class Termination:
+    """The JSON summary a runtime process leaves in the termination message (under 4 KiB)."""
+
+    counts: Counts = field(default_factory=Counts)
+    exit_code: int = EXIT_OK
+    permanent: bool = False
+    reason: str = "Completed"
+    message: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = {**asdict(self.counts), "exitCode": self.exit_code, "permanent": self.permanent,
+                               "reason": self.reason, "message": self.message}
+        doc.update({k: round(v, 3) for k, v in self.timings.items()})
+        text = json.dumps(doc)
+        over = len(text.encode()) - TERMINATION_MESSAGE_MAX
+        if over > 0:
+            # Only the message can be long (a traceback's last line, a path): cut it to fit.
+            raw = self.message.encode()
+            doc["message"] = raw[: max(0, len(raw) - over - 16)].decode(errors="ignore") + "..."
+            text = json.dumps(doc)
+        return text
+
+    @classmethod
+    def parse(cls, text: str) -> Termination | None:
+        """The summary in a termination message; None when it is not one (a log tail)."""
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        known = {"completed", "skipped", "failed", "total", "exitCode", "permanent", "reason", "message"}
+
+        def num(key: str) -> int:
+            value = doc.get(key, 0)
+            return value if isinstance(value, int) else 0
+
+        return cls(
+            counts=Counts(num("completed"), num("skipped"), num("failed"), num("total")),
+            exit_code=num("exitCode"),
+            permanent=doc.get("permanent") is True,
+            reason=str(doc.get("reason", "")),
+            message=str(doc.get("message", "")),
+            timings={k: float(v) for k, v in doc.items() if k not in known and isinstance(v, int | float)},
+        )
+
+    @property
+    def severity(self) -> int:
+        return SEVERITY.get(self.reason, 0)
+
+
+def message_severity(text: str) -> int:
+    """Severity of a termination message already written; -1 when empty or not ours."""
+    parsed = Termination.parse(text) if text.strip() else None
+    return parsed.severity if parsed is not None else -1
+
+
+def is_permanent(exit_code: int, message: str) -> bool:
+    """How the operator and the local runner read a finished container."""
+    if exit_code == PERMANENT_FAILURE_EXIT_CODE:
+        return True
+    parsed = Termination.parse(message)
+    return parsed is not None and parsed.permanent

@@ -1,0 +1,191 @@
+"""Parsing a manifest into a DiffusionJob, and every problem with it named by its field.
+
+`parse_job` is the one entry point used by `muralist validate`, `muralist render`,
+`muralist run` and the operator. Pydantic's errors are rewritten as one line per problem,
+each starting with the field path; the cross-field rules (`spec_problems`) take their facts
+and messages from the rules catalog, which the runtime uses too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
+
+from . import catalog
+from .catalog import DNS_LABEL_MAX, Problem
+
+if TYPE_CHECKING:
+    from .api import DiffusionJob, DiffusionJobSpec
+
+DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+class ValidationProblem(Exception):
+    """A manifest that is not a valid DiffusionJob; `problems` each name a field."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _loc_to_path(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif item in ("str", "PromptSpec") or item.startswith(("function-", "union[")):
+            continue  # pydantic's union-branch markers are noise for a user
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts)
+
+
+def _describe_error(err: dict[str, Any]) -> list[str]:
+    path = _loc_to_path(err["loc"])
+    msg: str = err["msg"]
+    if err["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        if msg.startswith(("spec.", "metadata.")):
+            return msg.split("\n")
+        return [f"{path}: {msg}"]
+    if err["type"] == "extra_forbidden":
+        return [f"{path}: unknown field; check its spelling against `kubectl explain dj.{path.rsplit('.', 1)[0]}`"]
+    if err["type"] == "missing":
+        return [f"{path}: required field is missing"]
+    if err["type"] in ("literal_error", "enum"):
+        return [f"{path}: got {err.get('input')!r}; {msg.lower()}"]
+    got = err.get("input")
+    if got is not None and not isinstance(got, dict | list):
+        return [f"{path}: {msg} (got {got!r})"]
+    return [f"{path}: {msg}"]
+
+
+def problems_from(error: ValidationError) -> list[str]:
+    """Pydantic errors as one line per problem, each starting with its field path."""
+    out: list[str] = []
+    for err in error.errors(include_url=False):
+        for line in _describe_error(dict(err)):
+            if line not in out:
+                out.append(line)
+    return out
+
+
+def name_problem(name: str, nodes: int) -> str | None:
+    if not re.match(DNS_1035_LABEL_PATTERN, name):
+        return (
+            f"metadata.name: '{name}' must be a DNS label (lowercase letters, digits, '-', "
+            "starting with a letter) because it names the headless Service and pod hostnames"
+        )
+    longest = f"{name}-{nodes - 1}"
+    if len(longest) > DNS_LABEL_MAX:
+        keep = DNS_LABEL_MAX - len(f"-{nodes - 1}")
+        return (
+            f"metadata.name: '{name}' is {len(name)} characters; pod hostname '{longest}' would "
+            f"exceed {DNS_LABEL_MAX}: use at most {keep} characters"
+        )
+    return None
+
+
+def parse_job(manifest: Any) -> DiffusionJob:
+    """Validate a manifest (a dict from YAML) or raise ValidationProblem naming every field."""
+    from .api import API_VERSION, KIND, DiffusionJob
+
+    if not isinstance(manifest, dict):
+        raise ValidationProblem([f"manifest: expected a mapping, got {type(manifest).__name__}"])
+    if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
+        raise ValidationProblem(
+            [
+                f"apiVersion/kind: got {manifest.get('apiVersion')!r}/{manifest.get('kind')!r}; "
+                f"expected {API_VERSION}/{KIND}"
+            ]
+        )
+    problems: list[str] = []
+    name = (manifest.get("metadata") or {}).get("name")
+    nodes = ((manifest.get("spec") or {}).get("parallelism") or {}).get("nodes", 1)
+    if isinstance(name, str):
+        problem = name_problem(name, nodes if isinstance(nodes, int) and nodes >= 1 else 1)
+        if problem:
+            problems.append(problem)
+    try:
+        job = DiffusionJob.model_validate(manifest)
+    except ValidationError as e:
+        problems.extend(problems_from(e))
+        raise ValidationProblem(problems) from None
+    if problems:
+        raise ValidationProblem(problems)
+    return job
+
+
+# -- cross-field rules -------------------------------------------------------------------------
+
+
+def spec_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """Every cross-field rule of a spec: (field path, message with the fix); empty when valid."""
+    return [*_source_problems(spec), *_strategy_section_problems(spec), *_process_problems(spec),
+            *_layout_problems(spec), *_size_problems(spec)]
+
+
+def _source_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    if not spec.prompts and spec.prompts_from is None:
+        return [("spec.prompts", "no prompts; add at least one to prompts or set promptsFrom")]
+    return []
+
+
+def _strategy_section_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """A strategy's own section (contextParallel, ...) only goes with that strategy."""
+    par = spec.parallelism
+    out: list[Problem] = []
+    if par.context_parallel is not None and par.tensor_parallel is not None:
+        out.append(("spec.parallelism", "contextParallel and tensorParallel cannot both be set (diffusers' "
+                    "ParallelConfig refuses it); keep the one that matches strategy"))
+    for field, strategy in (("context_parallel", "ContextParallel"), ("tensor_parallel", "TensorParallel"),
+                            ("device_map", "DeviceMap")):
+        if getattr(par, field) is not None and par.strategy != strategy:
+            out.append((f"spec.parallelism.{to_camel(field)}",
+                        f"is only used by strategy {strategy}, but strategy is {par.strategy}; remove it or set "
+                        f"strategy: {strategy}"))
+    return out
+
+
+def _process_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    par = spec.parallelism
+    if par.strategy == "DeviceMap":
+        if par.processes_per_node in (None, 1):
+            return []
+        return [("spec.parallelism.processesPerNode",
+                 f"is {par.processes_per_node}, but DeviceMap runs one process per pod over all its GPUs: set "
+                 "processesPerNode: 1 (or leave it out) and use nodes for replicas")]
+    if par.gpus_per_node > 0 and par.processes_per_node not in (None, par.gpus_per_node):
+        return [("spec.parallelism.processesPerNode",
+                 f"is {par.processes_per_node} but gpusPerNode is {par.gpus_per_node}; with GPUs it is one "
+                 f"process per GPU: set processesPerNode: {par.gpus_per_node} or leave it out")]
+    return []
+
+
+def _layout_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """The CP / TP layout against the catalog (the runtime checks the same on the machine)."""
+    from .api import ContextParallelSpec, TensorParallelSpec
+
+    par = spec.parallelism
+    if par.strategy not in ("ContextParallel", "TensorParallel"):
+        return []
+    ppn, gpu = par.resolved_processes_per_node, par.gpus_per_node > 0
+    if par.strategy == "ContextParallel":
+        cp = par.context_parallel or ContextParallelSpec()
+        out = catalog.context_parallel_problems(cp.ring_degree, cp.ulysses_degree, cp.attention_backend, ppn, gpu)
+    else:
+        tp = par.tensor_parallel or TensorParallelSpec()
+        out = catalog.tensor_parallel_problems(tp.degree, ppn, gpu)
+    if spec.generation.batch_size != 1:
+        out.append(("spec.generation.batchSize",
+                    f"is {spec.generation.batch_size}, but a {par.strategy} group renders one image at a time "
+                    "(batched context parallelism is broken in several models); set batchSize: 1"))
+    return out + catalog.plan_problems(par.strategy, catalog.known_layout(spec.model.name, spec.model.pipeline))
+
+
+def _size_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    size = len(spec.model_dump_json(by_alias=True, exclude_none=True).encode())
+    return catalog.spec_size_problems(size, len(spec.prompts))

@@ -1,0 +1,20 @@
+"""The runtime spec: what the operator writes into the `<job>-spec` ConfigMap, and what
+`muralist run` hands to each local process. Everything resolved, nothing left to look up."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .api import DiffusionJobSpec
+from .base import ApiModel
+
+
+class RuntimeSpec(ApiModel):
+    name: str = Field(description="The DiffusionJob's name.")
+    namespace: str = Field("default", description="The DiffusionJob's namespace.")
+    spec: DiffusionJobSpec
+    output_dir: str = Field(description="Absolute directory the images go to.")
+    prompts_file: str | None = Field(None, description="A mounted file with one prompt per line (from promptsFrom).")
+    model_path: str | None = Field(
+        None, description="Overrides spec.model.name with a local directory (muralist run --model)."
+    )

@@ -1,0 +1,44 @@
+"""The termination message Kubernetes keeps after the container exits (the pod contract's
+`Termination`, written to /dev/termination-log, or to MURALIST_TERMINATION_LOG's file)."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+
+from .spec import contract
+
+log = logging.getLogger("muralist.progress")
+
+
+def termination_log_path() -> Path | None:
+    override = os.environ.get(contract.MURALIST_TERMINATION_LOG)
+    if override:
+        return Path(override)
+    path = Path(contract.TERMINATION_LOG)
+    return path if path.exists() else None
+
+
+def write_termination(report: contract.Termination) -> None:
+    """Replace the termination message under an exclusive lock, unless it holds a more severe one.
+
+    Every local rank of a container writes the same file. Unlocked, two ranks failing together
+    can interleave their writes into invalid JSON, and the operator loses the reason. A rank's
+    PermanentFailure also outlives the Error another rank then hits in a collective, so the job
+    is not retried in vain.
+    """
+    path = termination_log_path()
+    if path is None:
+        return
+    try:
+        with os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            if contract.message_severity(f.read()) > report.severity:
+                return
+            f.seek(0)
+            f.truncate()
+            f.write(report.to_json())
+    except OSError as e:
+        log.warning("cannot write the termination message to %s: %s", path, e)
