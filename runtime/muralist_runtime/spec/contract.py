@@ -23,16 +23,28 @@ PET_NODE_RANK = "PET_NODE_RANK"
 PET_MASTER_ADDR = "PET_MASTER_ADDR"
 PET_MASTER_PORT = "PET_MASTER_PORT"
 MASTER_PORT = 29500
+# The work-claim store (a standalone c10d TCPStore) that the job's first pod hosts.
+CLAIMS_PORT = 29400
 # The Job controller annotates each pod with its index; the node rank is a field reference to it.
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# With backoffLimitPerIndex, how often this index failed before this pod (its retry number).
+INDEX_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
 # What torchrun exports to each worker (and accelerate, which runs torchrun's agent underneath).
 WORKER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
               "MASTER_ADDR", "MASTER_PORT")
 
 # -- Muralist's own variables, read by the runtime ---------------------------------------------
+MURALIST_POD_INDEX = "MURALIST_POD_INDEX"  # the pod's completion index (a field reference); an agent's locally
+MURALIST_RENDEZVOUS_HOST = "MURALIST_RENDEZVOUS_HOST"  # every world's master host (local runs: 127.0.0.1)
+MURALIST_CLAIMS_ADDR = "MURALIST_CLAIMS_ADDR"  # host:port of the work-claim store
 MURALIST_NAMESPACE = "MURALIST_NAMESPACE"  # the job's namespace (a field reference)
-MURALIST_ATTEMPT = "MURALIST_ATTEMPT"  # which pod group of the job this is (0, 1, ... restarts)
-MURALIST_PROGRESS_CONFIGMAP = "MURALIST_PROGRESS_CONFIGMAP"  # where ranks report live counts
+MURALIST_POD_NAME = "MURALIST_POD_NAME"  # the pod's name (a field reference), named in progress reports
+MURALIST_ATTEMPT = "MURALIST_ATTEMPT"  # this pod's retry of its index (0, 1, ...: the index failure count)
+MURALIST_PROGRESS_CONFIGMAP = "MURALIST_PROGRESS_CONFIGMAP"  # where ranks report live counts (until pushed)
+# Pushed progress: where the pod's first local rank posts, with which token and CA.
+MURALIST_PROGRESS_URL = "MURALIST_PROGRESS_URL"
+MURALIST_PROGRESS_TOKEN = "MURALIST_PROGRESS_TOKEN"  # a file the kubelet rotates (projected token)
+MURALIST_PROGRESS_CA = "MURALIST_PROGRESS_CA"  # a file: the CA that signed the operator's certificate
 MURALIST_LOCAL = "MURALIST_LOCAL"  # "1" under `muralist run`: a bar for people, no JSON lines
 MURALIST_PROGRESS_DIR = "MURALIST_PROGRESS_DIR"  # where a pod's ranks keep their counts (progress.py)
 MURALIST_TERMINATION_LOG = "MURALIST_TERMINATION_LOG"  # overrides TERMINATION_LOG (local runs, tests)
@@ -62,6 +74,8 @@ SPEC_FILE = f"{SPEC_DIR}/{SPEC_KEY}"
 PROMPTS_DIR = "/etc/muralist/prompts"
 PROMPTS_FILE = "prompts.txt"
 OUTPUT_MOUNT = "/output"
+DATASET_MOUNT = "/data"  # spec.dataset.volume, read-only
+INPUTS_MOUNT = "/inputs"  # spec.inputs.volume, read-only
 HF_HOME = "/var/cache/huggingface"
 DEFAULT_STAGE_DIR = "/tmp/muralist-stage"
 # Kubernetes reads a container's termination message from this file.
@@ -80,6 +94,19 @@ TEST_KILLED_EXIT_CODE = 17
 
 # One line per finished image on a pod's stdout, for log-based tooling.
 PROGRESS_LINE_PREFIX = "MURALIST_PROGRESS "
+
+# -- pushed progress (the operator's HTTPS endpoint) -------------------------------------------
+PROGRESS_AUDIENCE = "muralist.dev"  # of the pods' projected service-account token
+PROGRESS_TOKEN_DIR = "/var/run/secrets/muralist.dev/progress"
+PROGRESS_TOKEN_FILE = f"{PROGRESS_TOKEN_DIR}/token"
+PROGRESS_TOKEN_SECONDS = 600  # the shortest expiry the API server accepts; the kubelet rotates it
+PROGRESS_CA_KEY = "progress-ca.crt"  # a key of the spec ConfigMap, mounted beside the spec
+PROGRESS_PATH = "/v1/namespaces/{namespace}/diffusionjobs/{job}/progress"
+
+
+def progress_url(base: str, namespace: str, job: str) -> str:
+    """Where the pods of one job post: the operator's progress Service (`https://svc.ns.svc:port`)."""
+    return base.rstrip("/") + PROGRESS_PATH.format(namespace=namespace, job=job)
 
 
 class PermanentFailure(Exception):
@@ -105,11 +132,6 @@ def reserved_env_cel() -> str:
     return f"self.all(e, {prefixes} && !(e.name in [{names}]))"
 
 
-# -- the launcher command ----------------------------------------------------------------------
-
-Launcher = Literal["torchrun", "accelerate"]
-
-
 @dataclass(frozen=True)
 class World:
     """The torchrun world one pod (or one local agent) joins."""
@@ -130,6 +152,47 @@ class Rendezvous:
     node_rank: str
     master_addr: str
     master_port: str
+
+
+# -- failure domains: which pods form one torchrun world ---------------------------------------
+
+
+def pods_per_world(group_size: int, processes_per_node: int) -> int:
+    """A group that fits in a pod is its own world (pods never rendezvous); a context-parallel
+    group larger than a pod spans group_size / processesPerNode pods, and only those meet."""
+    return 1 if group_size <= processes_per_node else group_size // processes_per_node
+
+
+def master_host(job: str, index: int) -> str:
+    """The DNS name of pod `index` under the job's headless Service."""
+    return f"{job}-{index}.{job}"
+
+
+def pod_world(job: str, index: int, processes_per_node: int, gpus_per_node: int, group_size: int,
+              port: int = MASTER_PORT, host: str | None = None) -> tuple[World, Rendezvous]:
+    """The torchrun world of pod `index`: the pod alone, or the pods of its spanning group.
+
+    `host` replaces the master's DNS name (local runs: every agent on 127.0.0.1, each world on
+    its own port).
+    """
+    k = pods_per_world(group_size, processes_per_node)
+    world = World(k, processes_per_node, gpus_per_node)
+    if k == 1:
+        return world, Rendezvous("0", host or "127.0.0.1", str(port))
+    first = index // k * k
+    if host is not None:
+        return world, Rendezvous(str(index % k), host, str(port + first // k))
+    return world, Rendezvous(str(index % k), master_host(job, first), str(port))
+
+
+def global_rank(index: int, processes_per_node: int, local_rank: int) -> int:
+    """A process's rank in the whole job (all pods), whatever world it is in."""
+    return index * processes_per_node + local_rank
+
+
+# -- the launcher command ----------------------------------------------------------------------
+
+Launcher = Literal["torchrun", "accelerate"]
 
 
 def torchrun_env(world: World, rdzv: Rendezvous) -> dict[str, str]:

@@ -1,0 +1,79 @@
+"""The container's entry point: `python -m muralist_runtime.launch --spec FILE`.
+
+It stands between the pod and the real launcher (torchrun, or accelerate launch) for two
+reasons the launchers cannot serve themselves:
+- a context-parallel group that spans pods needs its own world's node rank and master
+  (index % k, and the first pod of its k), which a field reference cannot compute; pods whose
+  groups fit inside them get a world of their own and never rendezvous with other pods;
+- torchrun replaces a worker's exit code with its own (1), so a permanent failure would look
+  retryable to the Job's podFailurePolicy: this exits 78 when the termination message says
+  permanent.
+
+Everything else is the pod contract's (spec/contract.py): PET_* variables already in the
+environment win, so a rendered pod and a local agent run exactly the command they show.
+Torch-free and quick: it only reads the spec and starts one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .spec import contract
+
+
+def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The launcher argv and the PET_* environment of this pod's agent."""
+    doc = json.loads(Path(spec_file).read_text())
+    from .spec.resolved import RuntimeSpec
+
+    runtime = RuntimeSpec.model_validate(doc)
+    par = runtime.spec.parallelism
+    index = int(env.get(contract.MURALIST_POD_INDEX, "0") or 0)
+    world, rdzv = contract.pod_world(runtime.name, index, par.resolved_processes_per_node, par.gpus_per_node,
+                                     par.group_size, host=env.get(contract.MURALIST_RENDEZVOUS_HOST) or None)
+    # What the pod already carries (rendered by the operator, or set by `muralist run`) wins.
+    pet = {**contract.torchrun_env(world, rdzv), **{k: v for k, v in env.items() if k.startswith("PET_")}}
+    rdzv = contract.Rendezvous(pet[contract.PET_NODE_RANK], pet[contract.PET_MASTER_ADDR],
+                               pet[contract.PET_MASTER_PORT])
+    argv = contract.launcher_command(par.launcher, world, rdzv, spec_file,
+                                     contract.local_program(par.launcher, sys.executable))
+    return argv, pet
+
+
+def _termination_text() -> str:
+    from .termination import termination_log_path
+
+    path = termination_log_path()
+    try:
+        return path.read_text() if path is not None else ""
+    except OSError:
+        return ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="muralist_runtime.launch", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="RuntimeSpec JSON file.")
+    args = parser.parse_args(argv)
+    command, pet = agent_command(args.spec, dict(os.environ))
+    proc = subprocess.Popen(command, env={**os.environ, **pet})
+
+    def forward(signum: int, _frame: object) -> None:
+        proc.send_signal(signum)  # the launcher passes it on to its workers
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    code = proc.wait()
+    if code != 0 and contract.is_permanent(code, _termination_text()):
+        return contract.PERMANENT_FAILURE_EXIT_CODE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
