@@ -14,6 +14,8 @@ export MURALIST_REQUIRE_CLUSTER=1
 export MURALIST_REQUIRE_DOCKER=1
 # And the real-node tests (tests/e2e, root): containerd, kubelet and CoreDNS run real pods.
 export MURALIST_REQUIRE_E2E=1
+# And the gallery's browser test (Debian's chromium and chromedriver, installed when missing).
+export MURALIST_REQUIRE_BROWSER=1
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports"
 exec "$VENV/bin/python" -m pytest "$@"
