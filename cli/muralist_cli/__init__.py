@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default=None, help="Output directory (default ./muralist-output/<output.path>).")
     p.add_argument("--model", default=None, help="Load the model from this local directory instead of spec.model.name.")
     p.add_argument("--prompts-file", default=None, help="A file with one prompt per line, standing in for promptsFrom.")
+    p.add_argument("--dataset-dir", default=None,
+                   help="The folder standing in for spec.dataset.volume (default: its hostPath).")
+    p.add_argument("--inputs-dir", default=None,
+                   help="The folder standing in for spec.inputs.volume (default: its hostPath).")
 
     p = command("tiny-pipeline", _tiny_pipeline, "Build a tiny random-weight Flux pipeline offline into DIRECTORY.")
     p.add_argument("directory", metavar="DIR")

@@ -119,9 +119,10 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
             "(1 is plain data parallelism); set ulyssesDegree or ringDegree",
         ),
         _rule(
-            f"self.strategy != 'ContextParallel' || !has(self.contextParallel) || {_PPN} % {_CP_DEGREE} == 0",
-            "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must divide "
-            "processesPerNode (a group stays inside one pod)",
+            f"self.strategy != 'ContextParallel' || !has(self.contextParallel) || {_PPN} % {_CP_DEGREE} == 0 "
+            f"|| ({_CP_DEGREE} % {_PPN} == 0 && self.nodes % ({_CP_DEGREE} / {_PPN}) == 0)",
+            "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must divide processesPerNode (a group "
+            "inside one pod) or be a multiple of it that divides the pods (a group over whole pods)",
         ),
         _rule(
             "self.strategy != 'TensorParallel' || "
@@ -212,6 +213,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             del rest["default"]
         if len(branches) == 1:
             return _structural({**branches[0], **rest}, defs)
+        if rest.get("x-kubernetes-int-or-string"):  # a count or a percentage (runPolicy.maxFailedItems)
+            return {"description": rest.get("description", ""), "x-kubernetes-int-or-string": True}
         # A string or an object (prompts): the API server keeps it as is, the operator checks it.
         return {"description": rest.get("description", ""), "x-kubernetes-preserve-unknown-fields": True}
     out: dict[str, Any] = {}

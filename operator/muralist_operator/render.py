@@ -22,7 +22,6 @@ from muralist_runtime.spec.contract import (
     PROMPTS_DIR,
     PROMPTS_FILE,
     SPEC_DIR,
-    SPEC_FILE,
     SPEC_KEY,
 )
 from muralist_runtime.spec.resolved import RuntimeSpec
@@ -115,15 +114,15 @@ def render_service(job: DiffusionJob, namespace: str, settings: OperatorSettings
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: job.metadata.name},
             "ports": [
-                {
-                    "name": "rendezvous",
-                    "port": settings.master_port,
-                    "targetPort": settings.master_port,
-                    "protocol": "TCP",
-                }
+                {"name": name, "port": port, "targetPort": port, "protocol": "TCP"} for name, port in _ports(settings)
             ],
         },
     }
+
+
+def _ports(settings: OperatorSettings) -> list[tuple[str, int]]:
+    """torchrun's rendezvous (a group over several pods), and the work-claim store of pod 0."""
+    return [("rendezvous", settings.master_port), ("claims", contract.CLAIMS_PORT)]
 
 
 def runtime_spec(job: DiffusionJob, namespace: str) -> RuntimeSpec:
@@ -134,6 +133,9 @@ def runtime_spec(job: DiffusionJob, namespace: str) -> RuntimeSpec:
         spec=job.spec,
         output_dir=f"{OUTPUT_MOUNT}/{job.output_path}",
         prompts_file=f"{PROMPTS_DIR}/{PROMPTS_FILE}" if job.spec.prompts_from else None,
+        model_path=None,
+        dataset_dir=contract.DATASET_MOUNT if job.spec.dataset else None,
+        inputs_dir=contract.INPUTS_MOUNT if job.spec.inputs else None,
     )
 
 
@@ -199,29 +201,32 @@ def render_rbac(job: DiffusionJob, namespace: str) -> tuple[dict[str, Any] | Non
 
 
 def launcher_command(job: DiffusionJob) -> list[str]:
-    """The container command: the pod contract's, with the rendezvous from the PET_* variables."""
-    par = job.spec.parallelism
-    world = contract.World(par.nodes, par.resolved_processes_per_node, par.gpus_per_node)
-    # The kubelet expands $(VAR) from the container's env (torchrun reads them itself).
-    rdzv = contract.Rendezvous(f"$({contract.PET_NODE_RANK})", f"$({contract.PET_MASTER_ADDR})",
-                               f"$({contract.PET_MASTER_PORT})")
-    return contract.launcher_command(par.launcher, world, rdzv, SPEC_FILE)
+    """The container command: the pod contract's launch entry point, which starts torchrun (or
+    accelerate launch) for this pod's world."""
+    return contract.pod_command()
+
+
+def _field(path: str) -> dict[str, Any]:
+    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
 def _env(job: DiffusionJob, settings: OperatorSettings, attempt: int) -> list[dict[str, Any]]:
     par = job.spec.parallelism
     name = job.metadata.name
-    world = contract.World(par.nodes, par.resolved_processes_per_node, par.gpus_per_node)
-    rdzv = contract.Rendezvous("", f"{name}-0.{name}", str(settings.master_port))
-    env: list[dict[str, Any]] = []
-    for var, value in contract.torchrun_env(world, rdzv).items():
-        if var == contract.PET_NODE_RANK:
-            annotation = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
-            env.append({"name": var, "valueFrom": {"fieldRef": {"fieldPath": annotation}}})
-        else:
-            env.append({"name": var, "value": value})
+    ppn = par.resolved_processes_per_node
+    world, rdzv = contract.pod_world(name, 0, ppn, par.gpus_per_node, par.group_size, settings.master_port)
+    pet = contract.torchrun_env(world, rdzv)
+    if world.nodes > 1:
+        # A group over several pods: its node rank and master follow from the pod's index,
+        # which the launch entry point computes (a field reference cannot).
+        del pet[contract.PET_NODE_RANK], pet[contract.PET_MASTER_ADDR]
+    index = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+    env: list[dict[str, Any]] = [{"name": var, "value": value} for var, value in pet.items()]
     env += [
-        {"name": contract.MURALIST_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": contract.MURALIST_POD_INDEX, **_field(index)},
+        {"name": contract.MURALIST_POD_NAME, **_field("metadata.name")},
+        {"name": contract.MURALIST_NAMESPACE, **_field("metadata.namespace")},
+        {"name": contract.MURALIST_CLAIMS_ADDR, "value": f"{contract.master_host(name, 0)}:{contract.CLAIMS_PORT}"},
         {"name": contract.MURALIST_PROGRESS_CONFIGMAP, "value": progress_config_map_name(name)},
         {"name": contract.MURALIST_ATTEMPT, "value": str(attempt)},
         {"name": "HOME", "value": "/tmp"},
@@ -261,6 +266,11 @@ def _volumes(job: DiffusionJob) -> tuple[list[dict[str, Any]], list[dict[str, An
             {"name": "prompts", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": PROMPTS_FILE}]}}
         )
         mounts.append({"name": "prompts", "mountPath": PROMPTS_DIR, "readOnly": True})
+    for volume, mount, read_from in (("dataset", contract.DATASET_MOUNT, job.spec.dataset),
+                                     ("inputs", contract.INPUTS_MOUNT, job.spec.inputs)):
+        if read_from is not None:
+            volumes.append({"name": volume, **read_from.volume})
+            mounts.append({"name": volume, "mountPath": mount, "readOnly": True})
     return volumes, mounts
 
 
@@ -295,7 +305,7 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
         "imagePullPolicy": settings.image_pull_policy,
         "command": launcher_command(job),
         "env": _env(job, settings, attempt),
-        "ports": [{"name": "rendezvous", "containerPort": settings.master_port, "protocol": "TCP"}],
+        "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _ports(settings)],
         "resources": _resources(job),
         "volumeMounts": mounts,
         # The runtime writes a JSON summary there; on a crash the log tail stands in for it.

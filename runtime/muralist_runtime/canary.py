@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from .spec.contract import MURALIST_TEST_BREAK_CP, PermanentFailure
-from .spec.items import ImageTask
+from .spec.items import Item
 from .spec.resolved import RuntimeSpec
 from .world import World
 
@@ -34,7 +34,7 @@ MAX_ABS_LEVELS = 2.0
 MEAN_ABS_LEVELS = 0.5
 
 
-def _render(pipe: Any, runtime: RuntimeSpec, task: ImageTask, seed_offset: int = 0) -> Any:
+def _render(pipe: Any, runtime: RuntimeSpec, task: Item, seed_offset: int = 0) -> Any:
     import numpy as np
 
     from .pipeline import render
@@ -44,7 +44,7 @@ def _render(pipe: Any, runtime: RuntimeSpec, task: ImageTask, seed_offset: int =
     return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 
-def reference(pipe: Any, runtime: RuntimeSpec, task: ImageTask, world: World) -> Any:
+def reference(pipe: Any, runtime: RuntimeSpec, task: Item, world: World) -> Any:
     """The single-rank render (the group's first rank only; None elsewhere)."""
     if world.layout.group_rank != 0:
         return None
@@ -68,7 +68,7 @@ def verdict(ref: Any, got: Any, layout: str) -> str | None:
             f"layout {layout})")
 
 
-def check(pipe: Any, runtime: RuntimeSpec, task: ImageTask, world: World, ref: Any,
+def check(pipe: Any, runtime: RuntimeSpec, task: Item, world: World, ref: Any,
           layout: str) -> None:
     """Render in the parallel layout (every rank), compare on first ranks, agree everywhere."""
     broken = os.environ.get(MURALIST_TEST_BREAK_CP) == "1" and world.layout.group_rank == 1
@@ -83,7 +83,7 @@ def check(pipe: Any, runtime: RuntimeSpec, task: ImageTask, world: World, ref: A
     if world.distributed:
         import torch.distributed as dist
 
-        verdicts = [None] * world.layout.world_size
+        verdicts = [None] * world.layout.pg_size
         dist.all_gather_object(verdicts, mine)
     failed = next((v for v in verdicts if v), None)
     if failed:

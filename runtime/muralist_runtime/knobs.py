@@ -6,6 +6,12 @@
   its N-th image, standing in for a stuck rank (its heartbeat goes on, its steps stop).
 
 With either set, each image is written before the next is rendered, so N is exact.
+- MURALIST_TEST_NAN_ROWS=3,7: the outputs of those rows come out as NaN (a diverged sampler),
+  so the per-item failure path runs for real.
+- MURALIST_TEST_STEP_SLEEP=s with MURALIST_TEST_SLOW_RANK=r: rank r sleeps s seconds after every
+  denoising step (a GPU half as fast), for the straggler benchmark.
+- MURALIST_TEST_STATIC_PLAN=1: fixed contiguous shares instead of claimed chunks (the
+  benchmark's comparison).
 MURALIST_TEST_BREAK_CP is read by canary.py.
 """
 
@@ -49,3 +55,19 @@ class TestKnobs:
         if self.hang_after and self.written == self.hang_after and rank == self.hang_rank:
             log.warning("%s=%d: rank %d blocks forever", contract.MURALIST_TEST_HANG_AFTER, self.hang_after, rank)
             threading.Event().wait()
+
+
+def nan_rows() -> frozenset[int]:
+    raw = os.environ.get(contract.MURALIST_TEST_NAN_ROWS, "")
+    return frozenset(int(x) for x in raw.split(",") if x.strip())
+
+
+def step_sleep(rank: int) -> float:
+    """Seconds the slow rank sleeps after each step (0 for every other rank)."""
+    seconds = float(os.environ.get(contract.MURALIST_TEST_STEP_SLEEP, "0") or 0)
+    slow = int(os.environ.get(contract.MURALIST_TEST_SLOW_RANK, "-1") or -1)
+    return seconds if rank == slow else 0.0
+
+
+def static_plan() -> bool:
+    return os.environ.get(contract.MURALIST_TEST_STATIC_PLAN) == "1"

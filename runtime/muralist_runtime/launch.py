@@ -36,8 +36,9 @@ def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[
     runtime = RuntimeSpec.model_validate(doc)
     par = runtime.spec.parallelism
     index = int(env.get(contract.MURALIST_POD_INDEX, "0") or 0)
+    port = int(env.get(contract.MURALIST_RENDEZVOUS_PORT) or contract.MASTER_PORT)
     world, rdzv = contract.pod_world(runtime.name, index, par.resolved_processes_per_node, par.gpus_per_node,
-                                     par.group_size, host=env.get(contract.MURALIST_RENDEZVOUS_HOST) or None)
+                                     par.group_size, port=port, host=env.get(contract.MURALIST_RENDEZVOUS_HOST) or None)
     # What the pod already carries (rendered by the operator, or set by `muralist run`) wins.
     pet = {**contract.torchrun_env(world, rdzv), **{k: v for k, v in env.items() if k.startswith("PET_")}}
     rdzv = contract.Rendezvous(pet[contract.PET_NODE_RANK], pet[contract.PET_MASTER_ADDR],

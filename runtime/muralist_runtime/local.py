@@ -37,6 +37,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_range(count: int) -> int:
+    """The first of `count` consecutive ports free now (the worlds of the agents)."""
+    for _ in range(50):
+        first = free_port()
+        try:
+            socks = []
+            for port in range(first, first + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
 class _Problems:
     """Collects the manifest reader's reports instead of printing them."""
 
@@ -81,29 +100,52 @@ def prompts_file_for(job: DiffusionJob, manifest: ManifestFile, given: str | Non
     return str(path)
 
 
-def runtime_spec(job: DiffusionJob, output: str | None, model: str | None, prompts_file: str | None) -> RuntimeSpec:
+def volume_dir(volume: dict | None, given: str | None, field: str, option: str) -> str | None:
+    """The local folder standing in for a read-only volume: the option, or a hostPath's path."""
+    if volume is None:
+        return None
+    if given:
+        return str(Path(given).resolve())
+    host_path = (volume.get("hostPath") or {}).get("path")
+    if host_path:
+        return host_path
+    raise ValidationProblem([f"{field}: is not a hostPath, so this machine cannot mount it; pass {option} DIR "
+                             "(the folder holding what the volume holds)"])
+
+
+def runtime_spec(job: DiffusionJob, output: str | None, model: str | None, prompts_file: str | None,
+                 dataset_dir: str | None = None, inputs_dir: str | None = None) -> RuntimeSpec:
     out = Path(output) if output else Path.cwd() / "muralist-output" / job.output_path
+    spec = job.spec
     return RuntimeSpec(
         name=job.metadata.name,
         namespace=job.metadata.namespace or "default",
-        spec=job.spec,
+        spec=spec,
         output_dir=str(out.resolve()),
         prompts_file=prompts_file,
         model_path=str(Path(model).resolve()) if model else None,
+        dataset_dir=volume_dir(spec.dataset.volume if spec.dataset else None, dataset_dir, "spec.dataset.volume",
+                               "--dataset-dir"),
+        inputs_dir=volume_dir(spec.inputs.volume if spec.inputs else None, inputs_dir, "spec.inputs.volume",
+                              "--inputs-dir"),
     )
 
 
-def agent_commands(runtime: RuntimeSpec, spec_file: str, port: int) -> list[tuple[list[str], dict[str, str]]]:
-    """One (argv, extra env) per node: what each pod's container would run, from the pod contract."""
-    par = runtime.spec.parallelism
-    world = contract.World(par.nodes, par.resolved_processes_per_node, par.gpus_per_node)
-    program = contract.local_program(par.launcher, sys.executable)
+def agent_commands(runtime: RuntimeSpec, spec_file: str, port: int, claims_port: int) -> list[tuple[list[str],
+                                                                                              dict[str, str]]]:
+    """One (argv, extra env) per node: each pod's container command, from the pod contract,
+    with this machine standing in for the pods' addresses."""
+    argv = contract.pod_command(sys.executable)
+    argv[argv.index("--spec") + 1] = spec_file
     out = []
-    for node in range(par.nodes):
-        rdzv = contract.Rendezvous(str(node), "127.0.0.1", str(port))
-        argv = contract.launcher_command(par.launcher, world, rdzv, spec_file, program)
-        env = contract.torchrun_env(world, rdzv) if par.launcher == "torchrun" else {}
-        out.append((argv, env))
+    for node in range(runtime.spec.parallelism.nodes):
+        env = {
+            contract.MURALIST_POD_INDEX: str(node),
+            contract.MURALIST_RENDEZVOUS_HOST: "127.0.0.1",
+            contract.MURALIST_RENDEZVOUS_PORT: str(port),
+            contract.MURALIST_CLAIMS_ADDR: f"127.0.0.1:{claims_port}",
+        }
+        out.append((list(argv), env))
     return out
 
 
@@ -161,7 +203,9 @@ def _start_agents(runtime: RuntimeSpec, tmp: Path, termination: Path) -> tuple[l
     spec_file.write_text(runtime.model_dump_json(by_alias=True, exclude_none=True))
     base_env = {**os.environ, contract.MURALIST_LOCAL: "1", contract.MURALIST_TERMINATION_LOG: str(termination)}
     procs, dirs = [], []
-    for node, (argv, env) in enumerate(agent_commands(runtime, str(spec_file), free_port())):
+    # Worlds take consecutive ports from the first (one per pod, at most).
+    port = free_port_range(runtime.spec.parallelism.nodes)
+    for node, (argv, env) in enumerate(agent_commands(runtime, str(spec_file), port, free_port())):
         progress = tmp / f"progress-{node}"  # each agent stands for a pod: its own progress directory
         dirs.append(progress)
         # Own sessions: Ctrl-C reaches us only, and we forward it once to each agent, which
@@ -188,7 +232,8 @@ def run_local(args: argparse.Namespace) -> int:
         try:
             job, manifest = load_job(args.manifest)
             prompts = prompts_file_for(job, manifest, args.prompts_file, tmp)
-            runtime = runtime_spec(job, args.output, args.model, prompts)
+            runtime = runtime_spec(job, args.output, args.model, prompts, getattr(args, "dataset_dir", None),
+                                   getattr(args, "inputs_dir", None))
         except ValidationProblem as e:
             for problem in e.problems:
                 print(problem, file=sys.stderr)

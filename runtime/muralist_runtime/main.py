@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from .spec import contract
 from .spec.contract import PERMANENT_FAILURE_EXIT_CODE, Counts, PermanentFailure, Termination
-from .spec.items import ImageTask, image_tasks
+from .spec.items import Item
 from .spec.problems import problems_from
 from .spec.resolved import RuntimeSpec
 
@@ -55,36 +55,20 @@ def read_spec(path: str) -> RuntimeSpec:
         raise PermanentFailure(field_name, message) from None
 
 
-def all_prompts(runtime: RuntimeSpec) -> list[Any]:
-    """Inline prompts first, then the prompts file's non-blank lines (promptsFrom)."""
-    from .spec.api import PromptSpec
-
-    prompts = runtime.spec.prompt_objects
-    if runtime.spec.prompts_from is not None:
-        if not runtime.prompts_file:
-            raise PermanentFailure("spec.promptsFrom", "set, but no prompts file was mounted")
-        try:
-            lines = Path(runtime.prompts_file).read_text().splitlines()
-        except OSError as e:
-            raise PermanentFailure("spec.promptsFrom", f"cannot read {runtime.prompts_file}: {e.strerror}") from None
-        prompts += [PromptSpec(text=line.strip()) for line in lines if line.strip()]
-    if not prompts:
-        raise PermanentFailure("spec.prompts", "no prompts to render")
-    return prompts
-
-
-def batches(tasks: Sequence[ImageTask], size: int) -> list[list[ImageTask]]:
-    return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
+def batches(items: Sequence[Item], size: int) -> list[list[Item]]:
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 @dataclass
 class Job:
-    """What step 1 learned: the spec, the strategy's plan, the images, where the model is."""
+    """What step 1 learned: the spec, the strategy's plan, the rows and the work plan, the model."""
 
     runtime: RuntimeSpec
     strategy: Any  # strategies.ParallelStrategy
     plan: Any  # strategies.Plan
-    tasks: list[ImageTask]
+    rows: Any  # rows.Rows
+    work: Any  # work.WorkPlan
+    first: Item  # the canary's and the warm-up's item
     source: str
     revision: str | None
     gpu: bool
@@ -96,8 +80,11 @@ class RunState:
 
     timings: dict[str, float] = field(default_factory=dict)
     world: Any = None
-    writer: Any = None
-    reporter: Any = None
+    jobfile: Any = None
+    layout: Any = None  # outputs.FilesLayout | WebDatasetLayout (writing ranks)
+    server: Any = None  # claims.ClaimServer (the first pod's first rank)
+    claims: Any = None  # claims.ClaimClient
+    reporter: Any = None  # progress.PodReporter (each pod's first rank)
     progress: Any = None
     background: Any = None
 
@@ -105,26 +92,20 @@ class RunState:
     def counts(self) -> Counts:
         return self.progress.counts if self.progress is not None else Counts()
 
-    def record_writes(self, knobs: Any = None) -> None:
-        """Count the images the writer threads finished: only what is on disk is completed."""
-        for done in self.background.completed():
-            self.progress.image_done(done.task.key, "completed", done.seconds)
-            if knobs is not None:
-                knobs.image_written(self.world.layout.rank)
-
     def finish_writes(self) -> None:
-        """On a failure: let queued images reach the disk and count them, raising nothing."""
-        if self.background is None:
-            return
-        self.background.close(raise_error=False)
-        if self.progress is not None:
-            self.record_writes()
+        """On a failure: let queued items reach the disk, raising nothing."""
+        if self.background is not None:
+            self.background.close(raise_error=False)
 
     def close(self) -> None:
         if self.progress is not None:
-            self.progress.close()  # the final counts reach the operator on failures too
-        elif self.reporter is not None:
-            self.reporter.close()
+            self.progress.close()
+        if self.reporter is not None:
+            self.reporter.close()  # the final counts reach the operator on failures too
+        if self.claims is not None:
+            self.claims.close()
+        if self.server is not None:
+            self.server.close()
         if self.world is not None:
             self.world.close()
 
@@ -143,7 +124,7 @@ def _quiet_libraries() -> None:
 
 # 1. Check the spec.
 def check_spec(spec_path: str) -> Job:
-    from . import pipeline, strategies
+    from . import pipeline, rows, strategies, work
     from . import world as worldmod
 
     runtime = read_spec(spec_path)
@@ -153,31 +134,47 @@ def check_spec(spec_path: str) -> Job:
         log.warning("spec asks for %d GPUs per node but none is visible: running on CPU",
                     spec.parallelism.gpus_per_node)
     strategy = strategies.get_strategy(spec.parallelism.strategy)
-    tasks = image_tasks(all_prompts(runtime), spec.generation)
+    source_rows = rows.open_rows(runtime)
+    plan_of_work = work.make_plan(spec, source_rows.count(), source_rows.start)
+    if plan_of_work.rows == 0:
+        raise PermanentFailure("spec.dataset", "no rows to render (check start and end)")
+    first = rows.items_of(source_rows.rows(source_rows.start, source_rows.start + 1), spec.generation)[0]
     # Resolved (a tiny model built) before the world exists: see resolve_model.
     source, revision = pipeline.resolve_model(runtime)
     # The layout against the catalog and the model's config files: seconds, not the minutes
     # of loading the weights first.
     plan = strategy.plan(spec, source, revision, gpu)
-    return Job(runtime, strategy, plan, tasks, source, revision, gpu)
+    return Job(runtime, strategy, plan, source_rows, plan_of_work, first, source, revision, gpu)
 
 
-# 2. Set up the world.
+# 2. Set up the world: the torchrun world, the claim store, progress.
 def set_up_world(job: Job, state: RunState) -> None:
-    from . import progress
+    from . import claims, outputs, progress, work
     from . import world as worldmod
     from . import writer as writermod
 
     state.world = worldmod.setup_world(job.runtime.spec.parallelism, job.plan.group_size)
     layout = state.world.layout
-    state.writer = writermod.OutputWriter(job.runtime, layout.rank)
-    state.writer.check_existing_job()
-    # Heartbeats start now: loading a large model takes minutes, and a silent rank would look
+    state.jobfile = writermod.JobFile(job.runtime)
+    state.jobfile.check_existing()
+    host, port = work.claims_address()
+    if layout.hosts_store:
+        state.server = claims.ClaimServer(port)
+        state.jobfile.write(layout.describe())
+    if layout.writes_images or layout.hosts_store:
+        state.claims = claims.ClaimClient(host, port, work.NAMESPACE)
+    if layout.writes_images:
+        state.layout = outputs.layout_for(job.runtime, layout.rank)
+        state.layout.prepare()
+    # Heartbeats start now: loading a large model takes minutes, and a silent pod would look
     # stalled to the operator.
-    target = progress.kube_target_from_env()
-    if target is not None:
-        attempt = int(os.environ.get(contract.MURALIST_ATTEMPT, "0"))
-        state.reporter = progress.ConfigMapReporter(target, layout.rank, attempt).start()
+    directory = progress.progress_dir()
+    target = progress.target_from_env()
+    if target is not None and layout.local_rank == 0:
+        state.reporter = progress.PodReporter(target, directory).start()
+    local = os.environ.get(contract.MURALIST_LOCAL) == "1"
+    state.progress = progress.Progress(layout.rank, job.work.total_items, layout.writes_images, local=local,
+                                       rank_file=progress.RankFile(directory, layout.rank))
 
 
 # 3. Load the pipeline, check that the model supports the layout, and parallelise it.
@@ -193,7 +190,7 @@ def load(job: Job, state: RunState) -> Any:
         source, revision = str(staged), None
     pipe = pipeline.load_pipeline(job.runtime, source, revision, **job.plan.load_kwargs)
     job.strategy.check_model(pipe, job.plan)
-    pipeline.check_call(pipe, job.tasks)
+    pipeline.check_call(pipe, spec)
     pipe = job.strategy.place(pipe, job.plan, world)
     if spec.generation.vae_tiling and not pipeline.enable_vae_tiling(pipe):
         log.warning("generation.vaeTiling: this pipeline's VAE cannot tile; decoding whole")
@@ -201,13 +198,13 @@ def load(job: Job, state: RunState) -> Any:
     if spec.parallelism.verify and not verify:
         log.info("parallelism.verify: nothing to compare for %s (no parallel group)", spec.parallelism.strategy)
     # The canary's single-rank reference: before enable_parallelism, which cannot be undone.
-    reference = canary.reference(pipe, job.runtime, job.tasks[0], world) if verify else None
+    reference = canary.reference(pipe, job.runtime, job.first, world) if verify else None
     pipe = job.strategy.parallelize(pipe, job.plan, world)
     timings["loadSeconds"] = time.perf_counter() - start
     log.info("pipeline loaded in %.1fs", timings["loadSeconds"])
     if verify:
         start = time.perf_counter()
-        canary.check(pipe, job.runtime, job.tasks[0], world, reference, job.plan.describe())
+        canary.check(pipe, job.runtime, job.first, world, reference, job.plan.describe())
         timings["verifySeconds"] = time.perf_counter() - start
     if spec.generation.compile:
         compile_and_warm_up(pipe, job, state)
@@ -228,78 +225,45 @@ def compile_and_warm_up(pipe: Any, job: Job, state: RunState) -> None:
         return
     start = time.perf_counter()
     what = pipeline.compile_transformer(pipe, state.world.layout.group_size > 1)
-    pipeline.render(pipe, job.runtime, [job.tasks[0]], steps=min(2, job.runtime.spec.generation.steps))
+    pipeline.render(pipe, job.runtime, [job.first], steps=min(2, job.runtime.spec.generation.steps))
     state.timings["compileSeconds"] = time.perf_counter() - start
     log.info("compiled %s and warmed up in %.1fs", what, state.timings["compileSeconds"])
 
 
-# 4. Plan the work: this group's images, minus those already on disk. Every rank looks after
-# the same barrier, before anyone writes, so a group's ranks agree on the list.
-def plan_work(job: Job, state: RunState) -> list[ImageTask]:
-    from . import assign, progress
-
-    world, writer = state.world, state.writer
-    layout = world.layout
-    share = assign.plan_for_rank(job.tasks, layout)
-    if layout.rank == 0:
-        writer.prepare()
-        writer.write_job(layout.describe())
-    world.barrier()
-    done = [t for t in share if writer.is_complete(t)]
-    local = os.environ.get(contract.MURALIST_LOCAL) == "1"
-    rank_file = progress.RankFile(progress.progress_dir(), layout.rank)
-    state.progress = progress.Progress(layout.rank, len(share), layout.writes_images, local=local,
-                                       reporter=state.reporter, rank_file=rank_file)
-    for task in done:
-        if layout.writes_images:
-            writer.log(task, "skipped")
-        state.progress.image_done(task.key, "skipped", 0.0)
-    return [t for t in share if not writer.is_complete(t)]
-
-
-# 5. Generate and 6. write (only a group's first rank writes; all render). Writer threads encode
-# and write while the next image renders; an image counts once it is on disk.
-def generate(job: Job, pipe: Any, pending: list[ImageTask], state: RunState) -> None:
-    from . import pipeline
-    from . import writer as writermod
-    from .knobs import TestKnobs
-
-    layout, prog = state.world.layout, state.progress
-    knobs = TestKnobs.from_env()
-    start = time.perf_counter()
-    if layout.writes_images:
-        state.background = writermod.BackgroundWriter(state.writer.write_image)
-    for batch in batches(pending, job.runtime.spec.generation.batch_size):
-        t0 = time.perf_counter()
-        images = pipeline.render(pipe, job.runtime, batch, on_step=prog.step_done)
-        seconds = (time.perf_counter() - t0) / len(batch)
-        if state.background is None:
-            continue  # the group's other ranks hold the same images: nothing to write or count
-        for task, image in zip(batch, images, strict=True):
-            state.background.submit(task, image, seconds)
-        if knobs.active:
-            state.background.wait_idle()
-        state.record_writes(knobs)
-    if state.background is not None:
-        state.background.close()  # drains the queue; raises a write error
-        state.record_writes(knobs)
-    state.timings["generateSeconds"] = time.perf_counter() - start
-    log.info("generated %d images in %.1fs (load %.1fs)", len(pending), state.timings["generateSeconds"],
-             state.timings["loadSeconds"])
-
-
-# 7. Summarise: rank 0 merges the manifests once every rank has written.
+# 4. Generate: claim chunks until none is left, render, write (generate.py).
+# 5. Summarise: the first pod's first rank waits for every chunk, then merges; each pod's
+# first rank waits for its other ranks (a hung one fails the pod instead of holding it).
 def summarise(job: Job, state: RunState) -> None:
-    world, writer = state.world, state.writer
-    world.barrier()
-    if world.layout.rank == 0:
-        entries = writer.merge_manifest(job.tasks)
-        gallery = writer.write_gallery(entries)
-        writer.write_job(world.layout.describe(), state.timings)
-        log.info("%d of %d images in %s", len(entries), len(job.tasks), gallery)
+    from . import progress
+
+    layout = state.world.layout
+    state.progress.finished()
+    if layout.hosts_store:
+        merge_outputs(job, state)
+    if layout.local_rank == 0:
+        progress.wait_for_pod(progress.progress_dir(), job.runtime.spec.parallelism.collective_timeout_seconds)
+
+
+def merge_outputs(job: Job, state: RunState) -> None:
+    from . import merge, progress, work
+
+    layout = state.world.layout
+    start = time.perf_counter()
+    # A hung rank of this pod holds its chunk forever: fail the pod (retried) instead of waiting.
+    timeout = job.runtime.spec.parallelism.collective_timeout_seconds
+    work.Tally(state.claims).wait_all(job.work.chunks,
+                                      lambda _done: progress.pending_ranks(progress.progress_dir(), timeout))
+    state.timings["waitSeconds"] = time.perf_counter() - start
+    spec = job.runtime.spec
+    caption = {"model": spec.model.name, "strategy": spec.parallelism.strategy}
+    counts = merge.merge(state.jobfile.root, job.work.chunks, job.runtime.name, spec.output.gallery_page_size,
+                         caption)
+    state.jobfile.write(layout.describe(), state.timings, {"items": counts})
+    log.info("%s of %d items in %s", counts, job.work.total_items, state.jobfile.root)
 
 
 def run(spec_path: str) -> int:
+    from .generate import generate
     from .termination import write_termination
 
     state = RunState()
@@ -308,8 +272,7 @@ def run(spec_path: str) -> int:
         job = check_spec(spec_path)
         set_up_world(job, state)
         pipe = load(job, state)
-        pending = plan_work(job, state)
-        generate(job, pipe, pending, state)
+        generate(job, pipe, state)
         summarise(job, state)
         if state.world.layout.local_rank == 0:
             write_termination(Termination(state.counts, timings=state.timings))

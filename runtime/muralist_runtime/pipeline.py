@@ -18,7 +18,7 @@ from typing import Any
 from .spec import contract
 from .spec.catalog import TINY_MODEL_NAMES
 from .spec.contract import PermanentFailure
-from .spec.items import ImageTask
+from .spec.items import Item
 from .spec.resolved import RuntimeSpec
 
 log = logging.getLogger("muralist.pipeline")
@@ -86,16 +86,17 @@ def load_pipeline(runtime: RuntimeSpec, source: str, revision: str | None, **kwa
     return pipe
 
 
-def check_call(pipe: Any, tasks: Sequence[ImageTask]) -> None:
-    """Refuse, before generating, prompts the pipeline cannot take (every rank checks alike)."""
+def check_call(pipe: Any, spec: Any) -> None:
+    """Refuse, before generating, what the pipeline cannot take (every rank checks alike)."""
     accepted = inspect.signature(pipe.__call__).parameters
-    if any(t.negative_prompt for t in tasks) and "negative_prompt" not in accepted:
-        raise PermanentFailure(
-            "spec.prompts", f"{type(pipe).__name__} takes no negative prompt; remove negativePrompt"
-        )
+    negative = any(p.negative_prompt for p in spec.prompt_objects) or (
+        spec.dataset is not None and spec.dataset.columns.negative_prompt is not None)
+    if negative and "negative_prompt" not in accepted:
+        field = "spec.dataset.columns.negativePrompt" if spec.dataset is not None else "spec.prompts"
+        raise PermanentFailure(field, f"{type(pipe).__name__} takes no negative prompt; remove negativePrompt")
 
 
-def call_kwargs(pipe: Any, runtime: RuntimeSpec, batch: Sequence[ImageTask],
+def call_kwargs(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item],
                 steps: int | None = None, seed_offset: int = 0) -> dict[str, Any]:
     """The pipeline call for one batch: one CPU generator per image, seeded by the task.
 
@@ -141,15 +142,44 @@ def step_callback(pipe: Any, on_step: StepHook | None) -> dict[str, Any]:
     return {"callback_on_step_end": callback}
 
 
-def render(pipe: Any, runtime: RuntimeSpec, batch: Sequence[ImageTask],
+def render(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item],
            on_step: StepHook | None = None, steps: int | None = None,
            seed_offset: int = 0) -> list[Any]:
+    """One pipeline call; the outputs as PIL images (the canary and the warm-up use this)."""
+    return [image for image, _ in render_checked(pipe, runtime, batch, on_step, steps, seed_offset)]
+
+
+def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_step: StepHook | None = None,
+                   steps: int | None = None, seed_offset: int = 0) -> list[tuple[Any, str | None]]:
+    """One pipeline call; each output as (PIL image, None), or (None, why it is unusable).
+
+    The pipeline returns floats (output_type "np") so that a diverged sample (NaN) is caught
+    instead of written as a black image; the conversion to 8 bits is the pipeline's own.
+    """
+    import numpy as np
     import torch
+
+    from .knobs import nan_rows
 
     kwargs = call_kwargs(pipe, runtime, batch, steps, seed_offset)
     kwargs.update(step_callback(pipe, on_step))
+    as_numpy = "output_type" in inspect.signature(pipe.__call__).parameters
+    if as_numpy:
+        kwargs["output_type"] = "np"
     with torch.inference_mode():
-        return list(pipe(**kwargs).images)
+        images = pipe(**kwargs).images
+    if not as_numpy:
+        return [(image, None) for image in images]
+    poisoned = nan_rows()
+    out: list[tuple[Any, str | None]] = []
+    for item, array in zip(batch, images, strict=True):
+        if item.row in poisoned:
+            array = np.full_like(array, np.nan)
+        if not np.isfinite(array).all():
+            out.append((None, "the output has NaN or infinite values (the sampler diverged)"))
+        else:
+            out.append((pipe.numpy_to_pil(array[None])[0], None))
+    return out
 
 
 def compile_transformer(pipe: Any, parallel: bool) -> str:

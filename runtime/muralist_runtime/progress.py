@@ -1,25 +1,24 @@
-"""Progress: a bar for people, JSON lines for machines, live counts for the operator.
+"""Progress: a bar for people, JSON lines for machines, pushed counts for the operator.
 
 - Every rank keeps its counts in a small JSON file in its pod's progress directory
   (`RankFile`, MURALIST_PROGRESS_DIR or /tmp/muralist-progress): what one pod's ranks have done,
-  readable without a collective. `muralist run` sums those files of all its agents into one
-  bar for the whole job (all ranks, all nodes).
-- Pods: one line per finished image on stdout, `MURALIST_PROGRESS {json}`.
-- Live cluster progress: with MURALIST_PROGRESS_CONFIGMAP and MURALIST_NAMESPACE set and a
-  service-account token, each rank merge-patches `data["rank-<rank>"]` of that ConfigMap from
-  a daemon thread (at most one patch per interval, plus a last one): generation never waits
-  on the API server, and its errors are logged and ignored. Ranks that do not write images
-  (the non-first ranks of a CP/TP group) report zero counts and only heartbeat, so the
-  operator can sum the counts of all ranks.
+  readable without a collective.
+- The pod's first local rank sums those files and posts them to the operator (`PodReporter`,
+  MURALIST_PROGRESS_URL) every few seconds and once at the end, over HTTPS with the pod's
+  projected service-account token (audience muralist.dev, re-read from its file on each post:
+  the kubelet rotates it). Generation never waits on it; errors are logged and ignored. Counts
+  are cumulative for the pod, so a lost post loses nothing.
+- `muralist run` sums the files of all its agents into one bar for the whole job.
+- Pods: one line per finished item on stdout, `MURALIST_PROGRESS {json}`.
 - Stall detection: each report carries `lastStepTime` (the last denoising step, from the
-  pipeline's step callback, on every rank of a group) and `lastImageTime` (the last image on
-  disk); the operator watches those. `heartbeatTime` only proves the process is alive: a rank
-  stuck in a collective or a hung kernel keeps heartbeating from this thread.
+  pipeline's step callback, on every rank of a group) and `lastImageTime` (the last item on
+  disk), and `done` once the pod's ranks have no more work: a done pod's silence is no stall.
 """
 
 from __future__ import annotations
 
 import datetime
+import http.client
 import json
 import logging
 import os
@@ -27,8 +26,8 @@ import ssl
 import sys
 import threading
 import time
-import urllib.request
-from dataclasses import asdict, dataclass
+import urllib.parse
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +36,36 @@ from .spec.contract import PROGRESS_LINE_PREFIX, Counts
 
 log = logging.getLogger("muralist.progress")
 
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-PATCH_INTERVAL_SECONDS = 5.0
 DEFAULT_PROGRESS_DIR = "/tmp/muralist-progress"
 RANK_FILE_INTERVAL_SECONDS = 0.5
+POST_INTERVAL_SECONDS = 3.0  # the operator may ask for another ({"intervalSeconds": N})
+POST_TIMEOUT_SECONDS = 10.0
 
 
 def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-# -- the per-pod progress directory ----------------------------------------------------------
+@dataclass
+class RankState:
+    """What one rank has done: its counts, the job's total, and its last signs of progress."""
+
+    counts: Counts = field(default_factory=Counts)
+    job_total: int = 0
+    last_step_time: str | None = None
+    last_image_time: str | None = None
+    done: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self.counts), "jobTotal": self.job_total, "lastStepTime": self.last_step_time,
+                           "lastImageTime": self.last_image_time, "done": self.done})
+
+    @classmethod
+    def parse(cls, text: str) -> RankState:
+        doc = json.loads(text)
+        return cls(Counts(*(int(doc.get(k, 0)) for k in ("completed", "skipped", "failed", "total"))),
+                   int(doc.get("jobTotal", 0)), doc.get("lastStepTime"), doc.get("lastImageTime"),
+                   bool(doc.get("done")))
 
 
 def progress_dir(env: dict[str, str] | None = None) -> Path:
@@ -56,7 +74,7 @@ def progress_dir(env: dict[str, str] | None = None) -> Path:
 
 
 class RankFile:
-    """This rank's counts as `rank-<r>.json` in the pod's progress directory (atomic, throttled)."""
+    """This rank's state as `rank-<r>.json` in the pod's progress directory (atomic, throttled)."""
 
     def __init__(self, directory: Path, rank: int, interval: float = RANK_FILE_INTERVAL_SECONDS):
         self.path = directory / f"rank-{rank}.json"
@@ -64,138 +82,176 @@ class RankFile:
         self._last = 0.0
         directory.mkdir(parents=True, exist_ok=True)
 
-    def update(self, counts: Counts, force: bool = False) -> None:
+    def update(self, state: RankState, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last < self.interval:
             return
         self._last = now
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            tmp.write_text(json.dumps(asdict(counts)))
+            tmp.write_text(state.to_json())
             os.replace(tmp, self.path)
         except OSError as e:  # progress must never break generation
             log.warning("cannot write %s: %s", self.path, e)
 
 
-def read_counts(directories: list[Path]) -> Counts:
-    """The sum of every rank file in these progress directories (unreadable ones skipped)."""
-    total = Counts()
+@dataclass
+class PodState:
+    """The sum of a pod's (or several pods') rank files."""
+
+    counts: Counts = field(default_factory=Counts)
+    ranks: int = 0
+    last_step_time: str | None = None
+    last_image_time: str | None = None
+    done: bool = True
+
+
+def read_pod(directories: list[Path]) -> PodState:
+    """Sum every rank file in these directories (unreadable ones skipped); total = the job's."""
+    pod = PodState()
     for directory in directories:
         for path in directory.glob("rank-*.json"):
             try:
-                one = Counts(**json.loads(path.read_text()))
+                one = RankState.parse(path.read_text())
             except (OSError, ValueError, TypeError):
-                continue
-            total.completed += one.completed
-            total.skipped += one.skipped
-            total.failed += one.failed
-            total.total += one.total
-    return total
+                continue  # a torn write: the next read has it
+            pod.ranks += 1
+            pod.counts.completed += one.counts.completed
+            pod.counts.skipped += one.counts.skipped
+            pod.counts.failed += one.counts.failed
+            pod.counts.total = max(pod.counts.total, one.job_total)
+            pod.last_step_time = max(filter(None, (pod.last_step_time, one.last_step_time)), default=None)
+            pod.last_image_time = max(filter(None, (pod.last_image_time, one.last_image_time)), default=None)
+            pod.done = pod.done and one.done
+    pod.done = pod.done and pod.ranks > 0
+    return pod
 
 
-# -- the ConfigMap reporter ------------------------------------------------------------------
+def read_counts(directories: list[Path]) -> Counts:
+    return read_pod(directories).counts
+
+
+class RankStalled(RuntimeError):
+    """A rank of this pod stopped making progress: the pod fails (retryable) instead of hanging."""
+
+
+def pending_ranks(directory: Path, timeout: float) -> int:
+    """This pod's ranks not done yet; raise RankStalled when one of them has not moved (no step,
+    no item: its rank file untouched) for `timeout` seconds."""
+    pending = 0
+    for path in sorted(directory.glob("rank-*.json")):
+        try:
+            state, moved = RankState.parse(path.read_text()), path.stat().st_mtime
+        except (OSError, ValueError, TypeError):
+            continue
+        if state.done:
+            continue
+        pending += 1
+        if (quiet := time.time() - moved) > timeout:
+            raise RankStalled(f"{path.stem} of this pod made no progress for {quiet:.0f}s "
+                              "(parallelism.collectiveTimeoutSeconds): failing the pod so it is retried")
+    return pending
+
+
+def wait_for_pod(directory: Path, timeout: float, poll: float = 1.0) -> None:
+    """Until every rank of this pod says it is done (pending_ranks raises on a stalled one).
+
+    Ranks of a pod share no collective at the end, so without this a hung rank would keep the
+    pod alive, and the chunk it holds unfinished, forever.
+    """
+    while pending_ranks(directory, timeout):
+        time.sleep(poll)
+
+
+# -- pushing to the operator -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class KubeTarget:
-    base_url: str
-    namespace: str
-    configmap: str
-    token: str
+class Target:
+    url: str
+    token_file: str
     ca_file: str | None
+    pod: str
+    index: int
+    attempt: int
 
-    @property
-    def url(self) -> str:
-        return f"{self.base_url.rstrip('/')}/api/v1/namespaces/{self.namespace}/configmaps/{self.configmap}"
 
-
-def kube_target_from_env(env: dict[str, str] | None = None) -> KubeTarget | None:
-    """In-cluster settings, or MURALIST_KUBE_API / _TOKEN / _CA (tests); None when not set."""
+def target_from_env(env: dict[str, str] | None = None) -> Target | None:
+    """The operator's progress endpoint, as the pod contract gives it; None outside a pod."""
     env = dict(os.environ) if env is None else env
-    name, namespace = env.get(contract.MURALIST_PROGRESS_CONFIGMAP), env.get(contract.MURALIST_NAMESPACE)
-    if not name or not namespace:
+    url = env.get(contract.MURALIST_PROGRESS_URL)
+    if not url:
         return None
-    base = env.get(contract.MURALIST_KUBE_API)
-    token = env.get(contract.MURALIST_KUBE_TOKEN)
-    ca = env.get(contract.MURALIST_KUBE_CA)
-    if base is None:
-        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            return None
-        base = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-        ca = ca or str(SA_DIR / "ca.crt")
-    if token is None:
-        token_file = SA_DIR / "token"
-        if not token_file.is_file():
-            return None
-        token = token_file.read_text().strip()
-    return KubeTarget(base, namespace, name, token, ca)
+    return Target(url=url, token_file=env.get(contract.MURALIST_PROGRESS_TOKEN) or contract.PROGRESS_TOKEN_FILE,
+                  ca_file=env.get(contract.MURALIST_PROGRESS_CA) or None,
+                  pod=env.get(contract.MURALIST_POD_NAME) or os.uname().nodename,
+                  index=int(env.get(contract.MURALIST_POD_INDEX, "0") or 0),
+                  attempt=int(env.get(contract.MURALIST_ATTEMPT, "0") or 0))
 
 
-class ConfigMapReporter:
-    """Sends this rank's counts to the progress ConfigMap from a daemon thread."""
+class PodReporter:
+    """Posts the pod's summed rank files from a daemon thread, over one kept-alive connection."""
 
-    def __init__(self, target: KubeTarget, rank: int, attempt: int,
-                 interval: float = PATCH_INTERVAL_SECONDS):
-        self.target = target
-        self.rank = rank
-        self.attempt = attempt
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._counts = Counts()
-        self._last_image: str | None = None
-        self._last_step: str | None = None
-        self._wake = threading.Event()
+    def __init__(self, target: Target, directory: Path, interval: float = POST_INTERVAL_SECONDS):
+        self.target, self.directory, self.interval = target, directory, interval
+        self._url = urllib.parse.urlsplit(target.url)
+        self._conn: http.client.HTTPConnection | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="muralist-progress", daemon=True)
         self.sent = 0
-        ctx = None
-        if target.base_url.startswith("https"):
-            ctx = ssl.create_default_context(cafile=target.ca_file) if target.ca_file else None
-        self._ssl = ctx
+        self.last_status: int | None = None
 
-    def start(self) -> ConfigMapReporter:
+    def start(self) -> PodReporter:
         self._thread.start()
         return self
 
-    def update(self, counts: Counts, image_finished: bool = True) -> None:
-        with self._lock:
-            self._counts = Counts(**asdict(counts))
-            if image_finished:
-                self._last_image = now_iso()
+    def body(self, final: bool = False) -> dict[str, Any]:
+        pod = read_pod([self.directory])
+        return {"pod": self.target.pod, "index": self.target.index, "attempt": self.target.attempt,
+                "ranks": pod.ranks, **asdict(pod.counts), "lastStepTime": pod.last_step_time,
+                "lastImageTime": pod.last_image_time, "sentAt": now_iso(), "final": final, "done": pod.done}
 
-    def step(self) -> None:
-        """A denoising step finished (called from the generating thread, once per step)."""
-        stamp = now_iso()
-        with self._lock:
-            self._last_step = stamp
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            host, port = self._url.hostname or "", self._url.port
+            if self._url.scheme == "https":
+                context = ssl.create_default_context(cafile=self.target.ca_file)
+                self._conn = http.client.HTTPSConnection(host, port, timeout=POST_TIMEOUT_SECONDS, context=context)
+            else:
+                self._conn = http.client.HTTPConnection(host, port, timeout=POST_TIMEOUT_SECONDS)
+        return self._conn
 
-    def payload(self) -> dict[str, Any]:
-        with self._lock:
-            value = {"attempt": self.attempt, **asdict(self._counts),
-                     "lastStepTime": self._last_step, "lastImageTime": self._last_image,
-                     "heartbeatTime": now_iso()}
-        return {"data": {f"rank-{self.rank}": json.dumps(value)}}
-
-    def _send(self) -> None:
-        body = json.dumps(self.payload()).encode()
-        req = urllib.request.Request(
-            self.target.url, data=body, method="PATCH",
-            headers={"Content-Type": "application/merge-patch+json",
-                     "Authorization": f"Bearer {self.target.token}"},
-        )
+    def send(self, final: bool = False) -> None:
         try:
-            with urllib.request.urlopen(req, timeout=10, context=self._ssl) as resp:
-                resp.read()
+            token = Path(self.target.token_file).read_text().strip()
+        except OSError as e:
+            log.warning("progress: cannot read the token %s: %s", self.target.token_file, e)
+            return
+        data = json.dumps(self.body(final)).encode()
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        path = self._url.path + (f"?{self._url.query}" if self._url.query else "")
+        try:
+            conn = self._connection()
+            conn.request("POST", path, body=data, headers=headers)
+            resp = conn.getresponse()
+            answer = resp.read()
+            self.last_status = resp.status
             self.sent += 1
-        except Exception as e:  # progress must never break generation
-            log.warning("progress patch to %s failed: %s", self.target.url, e)
+            if resp.status == 200:
+                asked = json.loads(answer or b"{}").get("intervalSeconds")
+                if isinstance(asked, int | float) and asked > 0:
+                    self.interval = float(asked)
+            elif resp.status != 204:
+                log.warning("progress post refused (%d): %s", resp.status, answer[:200].decode(errors="replace"))
+        except (OSError, http.client.HTTPException, ValueError) as e:  # progress must never break generation
+            log.warning("progress post to %s failed: %s", self.target.url, e)
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
 
     def _run(self) -> None:
-        # Heartbeat every interval even without new images: the operator's stall detection
-        # tells a slow image from a dead rank by the heartbeat.
         while not self._stop.is_set():
-            self._send()
+            self.send()
             self._stop.wait(self.interval)
 
     def close(self) -> None:
@@ -204,62 +260,67 @@ class ConfigMapReporter:
             return
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=15)
-        self._send()
+            self._thread.join(timeout=POST_TIMEOUT_SECONDS + 5)
+        self.send(final=True)
+        if self._conn is not None:
+            self._conn.close()
 
 
-# -- the per-rank progress front end ---------------------------------------------------------
+# -- the per-rank front end ------------------------------------------------------------------
 
 
 class Progress:
-    """What main.py talks to: counts, JSON lines, the rank file and the reporter together."""
+    """What main.py talks to: counts, JSON lines and the rank file together."""
 
-    def __init__(self, rank: int, total: int, writes: bool, local: bool,
-                 reporter: ConfigMapReporter | None = None, rank_file: RankFile | None = None):
+    def __init__(self, rank: int, job_total: int, writes: bool, local: bool, rank_file: RankFile | None = None):
         self.rank = rank
         self.writes = writes
-        self.counts = Counts(total=total if writes else 0)
+        self.state = RankState(job_total=job_total)
         self.local = local
-        self.reporter = reporter
         self.rank_file = rank_file
         self.steps = 0
         self._closed = False
         if rank_file is not None:
-            rank_file.update(self.counts, force=True)
-        if reporter is not None:
-            reporter.update(self.counts, image_finished=False)
+            rank_file.update(self.state, force=True)
 
-    def image_done(self, key: str, status: str, seconds: float) -> None:
+    @property
+    def counts(self) -> Counts:
+        return self.state.counts
+
+    def item_done(self, key: str, status: str, seconds: float) -> None:
         if not self.writes:
             return
+        counts = self.state.counts
         if status == "completed":
-            self.counts.completed += 1
+            counts.completed += 1
         elif status == "skipped":
-            self.counts.skipped += 1
+            counts.skipped += 1
         else:
-            self.counts.failed += 1
+            counts.failed += 1
+        self.state.last_image_time = now_iso()
         if not self.local:
-            line = {"event": status, "key": key, "rank": self.rank, **asdict(self.counts),
-                    "seconds": round(seconds, 4)}
+            line = {"event": status, "key": key, "rank": self.rank, **asdict(counts), "seconds": round(seconds, 4)}
             sys.stdout.write(PROGRESS_LINE_PREFIX + json.dumps(line) + "\n")
             sys.stdout.flush()
         if self.rank_file is not None:
-            self.rank_file.update(self.counts)
-        if self.reporter is not None:
-            self.reporter.update(self.counts)
+            self.rank_file.update(self.state)
 
     def step_done(self) -> None:
         """Called by the pipeline's step callback on every rank (writers or not)."""
         self.steps += 1
-        if self.reporter is not None:
-            self.reporter.step()
+        self.state.last_step_time = now_iso()
+        if self.rank_file is not None:
+            self.rank_file.update(self.state)
+
+    def finished(self) -> None:
+        """This rank has no more work: its silence from now on is expected."""
+        self.state.done = True
+        if self.rank_file is not None:
+            self.rank_file.update(self.state, force=True)
 
     def close(self) -> None:
-        """The final counts reach the rank file and the ConfigMap, once."""
         if self._closed:
             return
         self._closed = True
         if self.rank_file is not None:
-            self.rank_file.update(self.counts, force=True)
-        if self.reporter is not None:
-            self.reporter.close()
+            self.rank_file.update(self.state, force=True)

@@ -170,7 +170,7 @@ class ContextParallel:
         par, gen = spec.parallelism, spec.generation
         cp = par.context_parallel or ContextParallelSpec()
         raise_first(catalog.context_parallel_problems(cp.ring_degree, cp.ulysses_degree, cp.attention_backend,
-                                                      par.resolved_processes_per_node, gpu))
+                                                      par.resolved_processes_per_node, gpu, par.nodes))
         verdict = check_context_parallel(source, revision, gen.height, gen.width, gen.extra_args,
                                          cp.ring_degree, cp.ulysses_degree, allow_uneven=gpu)
         raise_first(verdict.problems)
@@ -193,7 +193,7 @@ class ContextParallel:
 
         # A (dp, ring, ulysses) mesh, so several CP groups coexist in one world; diffusers gets
         # the group's (ring, ulysses) sub-mesh instead of building one over the world.
-        mesh = world.mesh((world.layout.dp_degree, plan.ring, plan.ulysses), ("dp", "ring", "ulysses"))
+        mesh = world.mesh((world.layout.pg_groups, plan.ring, plan.ulysses), ("dp", "ring", "ulysses"))
         uneven = {plan.uneven: True} if plan.uneven else {}
         config = ContextParallelConfig(ring_degree=plan.ring, ulysses_degree=plan.ulysses,
                                        mesh=mesh["ring", "ulysses"], **uneven)
@@ -223,7 +223,7 @@ class TensorParallel:
     def parallelize(self, pipe: Any, plan: Plan, world: World) -> Any:
         from diffusers import TensorParallelConfig
 
-        mesh = world.mesh((world.layout.dp_degree, plan.tp_degree), ("dp", "tp"))
+        mesh = world.mesh((world.layout.pg_groups, plan.tp_degree), ("dp", "tp"))
         with cpu_device_shim(world.device.type == "cuda"):
             pipe.transformer.enable_parallelism(config=TensorParallelConfig(tp_degree=plan.tp_degree,
                                                                             mesh=mesh["tp"]))

@@ -1,13 +1,16 @@
 """Distributed setup: who am I, which group do I render with, and the process group itself.
 
-The layout is pure arithmetic over (rank, world size, group size) so it can be unit-tested
-without torch.distributed: ranks are cut into groups of `group_size` consecutive ranks (the
-ranks of a ContextParallel / TensorParallel group stay inside one pod, because spec validation
-makes the group size divide processesPerNode); the groups are data parallel.
+Two scopes. The job: every process of every pod has a rank in it (pod index x processes per
+pod + local rank), and ranks are cut into groups of `group_size` consecutive ranks that render
+one image together (ContextParallel / TensorParallel; 1 for DataParallel and DeviceMap); the
+groups are data parallel and claim their work from the store (work.py). The torchrun world:
+the pod alone, or the pods of a context-parallel group that spans pods (spec/contract.py
+pod_world): its process group carries only that group's collectives, so a failed pod costs
+only its own world.
 
-Launchers: torchrun (and accelerate, which runs torchrun's elastic agent underneath) export
-RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK; a plain `python -m
-muralist_runtime` without them is a world of one.
+The layout is pure arithmetic over the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, GROUP_RANK) and MURALIST_POD_INDEX, so it is unit-tested without
+torch.distributed; a plain `python -m muralist_runtime` without them is a world of one.
 """
 
 from __future__ import annotations
@@ -17,28 +20,36 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .spec import contract
 from .spec.api import Parallelism
 from .spec.contract import PermanentFailure
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where this process sits in the job; everything derived from the torchrun environment."""
+    """Where this process sits, in the job and in its torchrun world."""
 
-    rank: int
-    world_size: int
+    pod_index: int
     local_rank: int
-    local_world_size: int
-    node_rank: int
+    local_world_size: int  # processes in this pod
+    nodes: int  # pods in the job
     group_size: int
+    pg_rank: int  # in this torchrun world
+    pg_size: int
 
     @property
-    def nodes(self) -> int:
-        return max(1, self.world_size // max(1, self.local_world_size))
+    def rank(self) -> int:
+        """In the whole job: the same number whichever world the process is in."""
+        first_pod = self.pod_index - self.pg_rank // self.local_world_size
+        return first_pod * self.local_world_size + self.pg_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.local_world_size
 
     @property
     def dp_degree(self) -> int:
-        """Groups rendering different images."""
+        """Groups rendering different images, in the whole job."""
         return self.world_size // self.group_size
 
     @property
@@ -50,9 +61,24 @@ class Layout:
         return self.rank % self.group_size
 
     @property
+    def pg_groups(self) -> int:
+        """Groups inside this torchrun world."""
+        return self.pg_size // self.group_size
+
+    @property
+    def pg_group_first(self) -> int:
+        """The torchrun rank of this group's first rank."""
+        return self.pg_rank - self.group_rank
+
+    @property
     def writes_images(self) -> bool:
         """Only a group's first rank writes: its other ranks hold the same image."""
         return self.group_rank == 0
+
+    @property
+    def hosts_store(self) -> bool:
+        """The first process of the first pod hosts the work-claim store and merges at the end."""
+        return self.pod_index == 0 and self.local_rank == 0
 
     def describe(self) -> dict[str, int]:
         return {
@@ -61,36 +87,37 @@ class Layout:
             "dataParallelDegree": self.dp_degree,
             "nodes": self.nodes,
             "processesPerNode": self.local_world_size,
+            "podsPerWorld": self.pg_size // self.local_world_size,
         }
 
 
-def layout_from_env(group_size: int, env: os._Environ[str] | dict[str, str] | None = None) -> Layout:
+def layout_from_env(group_size: int, nodes: int, env: os._Environ[str] | dict[str, str] | None = None) -> Layout:
     env = os.environ if env is None else env
-    world_size = int(env.get("WORLD_SIZE", "1"))
-    local_world_size = int(env.get("LOCAL_WORLD_SIZE", str(world_size)))
+    pg_size = int(env.get("WORLD_SIZE", "1"))
     return Layout(
-        rank=int(env.get("RANK", "0")),
-        world_size=world_size,
+        pod_index=int(env.get(contract.MURALIST_POD_INDEX, "0") or 0),
         local_rank=int(env.get("LOCAL_RANK", "0")),
-        local_world_size=local_world_size,
-        node_rank=int(env.get("GROUP_RANK", env.get("NODE_RANK", "0"))),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(pg_size))),
+        nodes=nodes,
         group_size=group_size,
+        pg_rank=int(env.get("RANK", "0")),
+        pg_size=pg_size,
     )
 
 
 def check_layout(layout: Layout, parallelism: Parallelism) -> None:
-    """The launcher's world must be the one the spec describes, or the shard plan is wrong."""
-    if layout.world_size != parallelism.world_size:
+    """The launcher's world must be the one the spec describes, or the work plan is wrong."""
+    ppn = parallelism.resolved_processes_per_node
+    expected = contract.pods_per_world(layout.group_size, ppn) * ppn
+    if layout.local_world_size != ppn or layout.pg_size != expected:
         raise PermanentFailure(
             "spec.parallelism",
-            f"the launcher started {layout.world_size} processes but nodes x processesPerNode = "
-            f"{parallelism.world_size}; start the runtime with the spec's layout",
+            f"the launcher started {layout.local_world_size} processes per pod in a world of {layout.pg_size}, "
+            f"but the spec says {ppn} per pod in worlds of {expected}; start it with the pod contract's command",
         )
-    if layout.world_size % layout.group_size:
-        raise PermanentFailure(
-            "spec.parallelism",
-            f"group size {layout.group_size} does not divide world size {layout.world_size}",
-        )
+    if layout.pg_size % layout.group_size:
+        raise PermanentFailure("spec.parallelism",
+                               f"group size {layout.group_size} does not divide world size {layout.pg_size}")
 
 
 @dataclass
@@ -101,6 +128,7 @@ class World:
     device: Any  # torch.device; typed loosely so this module imports without torch
     backend: str
     distributed: bool
+    group: Any = None  # this group's process group (None for groups of one)
 
     def barrier(self) -> None:
         if self.distributed:
@@ -109,10 +137,20 @@ class World:
             dist.barrier()
 
     def mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
-        """A device mesh over the whole world; consecutive ranks share the last dimensions."""
+        """A device mesh over this torchrun world; consecutive ranks share the last dimensions."""
         from torch.distributed.device_mesh import init_device_mesh
 
         return init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+
+    def share_in_group(self, value: Any) -> Any:
+        """The group's first rank's `value`, on every rank of the group (a claimed chunk)."""
+        if self.group is None:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=self.layout.pg_group_first, group=self.group)
+        return box[0]
 
     def close(self) -> None:
         if self.distributed:
@@ -126,6 +164,19 @@ def has_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def _group_process_group(layout: Layout) -> Any:
+    """Every rank creates every group of its world (new_group is collective); keeps its own."""
+    import torch.distributed as dist
+
+    mine = None
+    for g in range(layout.pg_groups):
+        ranks = list(range(g * layout.group_size, (g + 1) * layout.group_size))
+        pg = dist.new_group(ranks)
+        if layout.pg_rank in ranks:
+            mine = pg
+    return mine
 
 
 def setup_world(parallelism: Parallelism, group_size: int) -> World:
@@ -147,12 +198,12 @@ def setup_world(parallelism: Parallelism, group_size: int) -> World:
         env = dict(os.environ)
         env.update(RANK=str(state.process_index), WORLD_SIZE=str(state.num_processes),
                    LOCAL_RANK=str(state.local_process_index))
-        layout = layout_from_env(group_size, env)
+        layout = layout_from_env(group_size, parallelism.nodes, env)
         distributed = dist.is_available() and dist.is_initialized()
         backend = dist.get_backend() if distributed else "none"
     else:
-        layout = layout_from_env(group_size)
-        distributed = layout.world_size > 1
+        layout = layout_from_env(group_size, parallelism.nodes)
+        distributed = layout.pg_size > 1
         backend = "cpu:gloo,cuda:nccl" if gpu else "gloo"
     check_layout(layout, parallelism)
 
@@ -172,4 +223,5 @@ def setup_world(parallelism: Parallelism, group_size: int) -> World:
             # Binds the communicator to our GPU now, so barriers never guess the device.
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
-    return World(layout=layout, device=device, backend=backend, distributed=distributed)
+    group = _group_process_group(layout) if distributed and group_size > 1 else None
+    return World(layout=layout, device=device, backend=backend, distributed=distributed, group=group)

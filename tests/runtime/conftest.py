@@ -11,7 +11,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,11 +77,11 @@ class Run:
         path = self.output / "manifest.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
-    def rank_log(self) -> list[dict[str, Any]]:
-        out = []
-        for p in sorted(self.output.glob("manifest.rank-*.jsonl")):
-            out += [json.loads(line) for line in p.read_text().splitlines()]
-        return out
+    def events(self, kind: str = "completed") -> list[dict[str, Any]]:
+        """The progress lines the writing ranks printed (one per item rendered, kept, failed)."""
+        lines = [json.loads(line.removeprefix(contract.PROGRESS_LINE_PREFIX)) for line in self.stdout.splitlines()
+                 if line.startswith(contract.PROGRESS_LINE_PREFIX)]
+        return [e for e in lines if e["event"] == kind]
 
 
 @pytest.fixture(scope="session")
@@ -132,23 +131,23 @@ def torchrun(
     extra_env: dict[str, str] | None = None,
     timeout: float = 240,
 ) -> Run:
-    """Run the runtime under real torchrun agents configured only through PET_* variables."""
+    """Run the runtime as the pods do: one agent per pod of the spec (the pod contract's launch
+    entry point, which starts torchrun), on this machine. `nproc` and `nnodes` must match it."""
+    from muralist_runtime import local
+
+    runtime = RuntimeSpec.model_validate_json(spec_json)
+    par = runtime.spec.parallelism
+    assert (par.resolved_processes_per_node, par.nodes) == (nproc, nnodes), "the spec decides the layout"
     output.mkdir(parents=True, exist_ok=True)
     spec_file = output.parent / f"{output.name}.spec.json"
     spec_file.write_text(spec_json)
     term = output.parent / f"{output.name}.termination"
     term.unlink(missing_ok=True)  # a fresh one per run, as the kubelet gives each container
-    port = free_port()
-    world = contract.World(nnodes, nproc, 0)
     procs = []
-    for node in range(nnodes):
-        # The pod contract, as `muralist run` and the pods use it: torchrun configured by PET_*.
-        rdzv = contract.Rendezvous(str(node), "127.0.0.1", str(port))
-        penv = {**env, **(extra_env or {}), contract.MURALIST_TERMINATION_LOG: str(term),
-                contract.MURALIST_PROGRESS_DIR: str(output.parent / f"{output.name}.progress-{node}"),
-                **contract.torchrun_env(world, rdzv)}
-        argv = contract.launcher_command("torchrun", world, rdzv, str(spec_file),
-                                         contract.local_program("torchrun", sys.executable))
+    for node, (argv, agent_env) in enumerate(local.agent_commands(runtime, str(spec_file),
+                                                                   local.free_port_range(nnodes), free_port())):
+        penv = {**env, **(extra_env or {}), **agent_env, contract.MURALIST_TERMINATION_LOG: str(term),
+                contract.MURALIST_PROGRESS_DIR: str(output.parent / f"{output.name}.progress-{node}")}
         procs.append(subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=timeout) for p in procs]
     code = next((p.returncode for p in procs if p.returncode), 0)

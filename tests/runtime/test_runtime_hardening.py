@@ -18,35 +18,42 @@ pytestmark = pytest.mark.torchrun
 
 def test_step_callback_fires_once_per_step(tiny_model: Path) -> None:
     from muralist_runtime import pipeline
-    from muralist_runtime.spec.items import image_tasks
+    from muralist_runtime.spec.items import row_items
     from muralist_runtime.spec.resolved import RuntimeSpec
 
     job = make_job().obj()
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused"})
     pipe = pipeline.load_pipeline(runtime, str(tiny_model), None)
-    task = image_tasks(runtime.spec.prompt_objects, runtime.spec.generation)[0]
+    task = row_items(0, "a red fox", runtime.spec.generation)[0]
     steps: list[int] = []
     images = pipeline.render(pipe, runtime, [task], on_step=lambda: steps.append(1), steps=3)
     assert len(images) == 1 and len(steps) == 3
 
 
-def test_hung_rank_ends_the_run_after_the_collective_timeout(tmp_path: Path, runtime_env,
-                                                             tiny_model) -> None:
-    # Rank 1 blocks forever after its first (and only) image; rank 0 finishes and waits in the
-    # last barrier, which times out after collectiveTimeoutSeconds: exit 1 (retryable).
+def test_a_hung_rank_fails_its_pod_and_the_retry_finishes(tmp_path: Path, runtime_env, tiny_model) -> None:
+    # Rank 1 blocks forever after its first image, holding its chunk. The pod ends (retryable)
+    # once rank 1 has been silent for collectiveTimeoutSeconds, instead of hanging; its retry
+    # renders only what is missing.
     out = tmp_path / "hang"
     job = make_job().processes(2).obj()
     job["parallelism"]["collectiveTimeoutSeconds"] = 10
+    spec = runtime_spec_json(job, out)
     start = time.monotonic()
-    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2, timeout=180,
+    run = torchrun(spec, out, runtime_env, 2, timeout=180,
                    extra_env={contract.MURALIST_TEST_HANG_AFTER: "1", contract.MURALIST_TEST_HANG_RANK: "1"})
     elapsed = time.monotonic() - start
     assert run.returncode != 0
     assert "rank 1 blocks forever" in run.stderr
     assert run.termination["permanent"] is False and run.termination["reason"] == "Error"
-    assert (out / "images" / "00002-000.png").exists(), "rank 1 wrote its image before hanging"
+    assert "made no progress for" in run.termination["message"]
     assert elapsed < 120, f"took {elapsed:.0f}s"
-    print(f"hung rank: run ended after {elapsed:.1f}s (collective timeout 10s)")
+    kept = sorted(p.stem for p in (out / "images").glob("*.png"))
+    retry = torchrun(spec, out, runtime_env, 2)
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    keys = ["00000-000", "00001-000", "00002-000"]
+    assert [m["key"] for m in retry.manifest()] == keys
+    assert sorted(e["key"] for e in retry.events("completed")) == sorted(set(keys) - set(kept))
+    print(f"hung rank: pod ended after {elapsed:.1f}s (collective timeout 10s)")
 
 
 def test_staging_copies_once_per_node_and_reports_timings(tmp_path: Path, runtime_env,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def assert_each_image_once(run: Run, keys: list[str]) -> None:
-    rendered = [e["key"] for e in run.rank_log() if e["status"] == "rendered"]
+    rendered = [e["key"] for e in run.events("completed")]
     assert sorted(rendered) == keys, "every image rendered exactly once"
     assert [m["key"] for m in run.manifest()] == keys
     assert not list(run.output.rglob(".*.tmp")), "no temp files left"
@@ -44,7 +45,8 @@ def test_reference_layout(reference: Run) -> None:
     assert_each_image_once(reference, KEYS)
     job = json.loads((reference.output / "job.json").read_text())
     assert job["world"] == {"worldSize": 1, "groupSize": 1, "dataParallelDegree": 1,
-                            "nodes": 1, "processesPerNode": 1}
+                            "nodes": 1, "processesPerNode": 1, "podsPerWorld": 1}
+    assert job["items"] == {"rendered": 3}
     assert set(job["versions"]) == {"python", "torch", "diffusers", "transformers", "accelerate"}
     assert reference.termination["completed"] == 3
     lines = [line for line in reference.stdout.splitlines() if line.startswith(contract.PROGRESS_LINE_PREFIX)]
@@ -53,26 +55,26 @@ def test_reference_layout(reference: Run) -> None:
 
 
 def test_data_parallel_two_processes_match_one(tmp_path: Path, runtime_env, reference: Run) -> None:
-    # 3 prompts on 2 ranks: 2 + 1, each exactly once, byte-identical PNGs.
-    from tests.unit.test_runtime_progress import FakeApiServer, env_for
+    # 3 prompts claimed by 2 ranks: each exactly once, byte-identical PNGs, whoever took which.
+    from tests.unit.test_runtime_progress import FakeOperator
 
-    api = FakeApiServer()  # live progress: every rank patches the ConfigMap
+    operator = FakeOperator()  # live progress: the pod's first rank posts its ranks' counts
+    token = tmp_path / "token"
+    token.write_text("pod-token")
     out = tmp_path / "dp2"
+    env = {contract.MURALIST_PROGRESS_URL: contract.progress_url(operator.base, "ns", "t"),
+           contract.MURALIST_PROGRESS_TOKEN: str(token), contract.MURALIST_ATTEMPT: "1"}
     try:
-        run = torchrun(runtime_spec_json(make_job().processes(2).obj(), out), out, runtime_env,
-                       2, extra_env={**env_for(api), contract.MURALIST_ATTEMPT: "1"})
+        run = torchrun(runtime_spec_json(make_job().processes(2).obj(), out), out, runtime_env, 2, extra_env=env)
     finally:
-        api.close()
+        operator.close()
     assert run.returncode == 0, run.stderr[-3000:]
     assert_each_image_once(run, KEYS)
-    assert {e["rank"] for e in run.rank_log()} == {0, 1}
     assert run.images() == reference.images()
-    final = {}
-    for req in api.requests:
-        for key, value in req["body"]["data"].items():
-            final[key] = json.loads(value)
-    assert {k: (v["attempt"], v["completed"], v["total"]) for k, v in final.items()} == {
-        "rank-0": (1, 2, 2), "rank-1": (1, 1, 1)}
+    final = operator.posts[-1]["body"]
+    assert (final["attempt"], final["ranks"], final["completed"], final["total"], final["final"], final["done"]) == (
+        1, 2, 3, 3, True, True)
+    assert operator.posts[-1]["auth"] == "Bearer pod-token"
 
 
 def test_two_nodes_one_process_each(tmp_path: Path, runtime_env, reference: Run) -> None:
@@ -89,21 +91,20 @@ def test_killed_rank_then_resume_renders_only_missing(tmp_path: Path, runtime_en
                                                       reference: Run) -> None:
     out = tmp_path / "resume"
     spec = runtime_spec_json(make_job().processes(2).obj(), out)
-    # Rank 0 (images 0 and 1) dies right after writing its first image.
+    # Rank 0 dies right after writing its first image, taking its pod down.
     first = torchrun(spec, out, runtime_env, 2, extra_env={contract.MURALIST_TEST_EXIT_AFTER: "1"})
     assert first.returncode != 0
-    done_first = {e["key"] for e in first.rank_log() if e["status"] == "rendered"}
-    assert "00000-000" in done_first and "00001-000" not in done_first
-    (out / "images" / ".00001-000.png.999.tmp").write_bytes(b"partial")  # a killed write
+    kept = sorted(p.stem for p in (out / "images").glob("*.png"))
+    assert 1 <= len(kept) < len(KEYS)
+    (out / "images" / f".00001-000.png.{socket.gethostname()}-999999.tmp").write_bytes(b"partial")  # a killed write
 
     second = torchrun(spec, out, runtime_env, 2)
     assert second.returncode == 0, second.stderr[-3000:]
-    log = second.rank_log()
-    rendered = [e["key"] for e in log if e["status"] == "rendered"]
-    assert sorted(rendered) == KEYS, "across both attempts, each image rendered once"
-    skipped = {e["key"] for e in log if e["status"] == "skipped"}
-    assert skipped == done_first
-    assert_each_image_once(second, KEYS)
+    assert sorted(e["key"] for e in second.events("completed")) == sorted(set(KEYS) - set(kept)), (
+        "only what was missing is rendered again")
+    assert sorted(e["key"] for e in second.events("skipped")) == kept
+    assert [m["key"] for m in second.manifest()] == KEYS
+    assert not list(out.rglob(".*.tmp")), "no temp files left"
     assert second.images() == reference.images()
 
 
@@ -113,7 +114,7 @@ def test_context_parallel_ulysses_2(tmp_path: Path, runtime_env, reference: Run)
     run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2)
     assert run.returncode == 0, run.stderr[-3000:]
     assert_each_image_once(run, KEYS)
-    assert {e["rank"] for e in run.rank_log()} == {0}, "only the group's first rank writes"
+    assert {m["rank"] for m in run.manifest()} == {0}, "only the group's first rank writes"
     assert max_pixel_diff(run, reference) <= 1
 
 
@@ -130,7 +131,7 @@ def test_context_parallel_two_groups_of_two(tmp_path: Path, runtime_env, referen
     run = torchrun(runtime_spec_json(job, out), out, runtime_env, 4)
     assert run.returncode == 0, run.stderr[-3000:]
     assert_each_image_once(run, KEYS)
-    assert {e["rank"] for e in run.rank_log()} == {0, 2}, "the first rank of each group writes"
+    assert {m["rank"] for m in run.manifest()} <= {0, 2}, "the first rank of each group writes"
     assert json.loads((out / "job.json").read_text())["world"]["dataParallelDegree"] == 2
     assert max_pixel_diff(run, reference) <= 1
 
@@ -173,8 +174,7 @@ def test_muralist_run_with_accelerate_launcher(tmp_path: Path, runtime_env, refe
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = Run(0, proc.stdout, proc.stderr, out)
-    assert_each_image_once(run, KEYS)
-    assert {e["rank"] for e in run.rank_log()} == {0, 1}
+    assert [m["key"] for m in run.manifest()] == KEYS
     assert run.images() == reference.images()
     assert f"gallery: {out / 'index.html'}" in proc.stdout
 

@@ -34,15 +34,16 @@ def test_indexed_job_carries_the_torchrun_contract() -> None:
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == "cats" and pod["restartPolicy"] == "Never"
     env = env_of(children.job)
-    assert env["PET_NNODES"] == "3"
-    assert env["PET_NPROC_PER_NODE"] == "4"
-    assert env["PET_NODE_RANK"] == {
+    # Each pod is its own torchrun world: pods never rendezvous with each other.
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"], env["PET_NODE_RANK"]) == ("1", "4", "0")
+    assert (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"]) == ("127.0.0.1", "29500")
+    assert env["MURALIST_POD_INDEX"] == {
         "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
     }
-    assert env["PET_MASTER_ADDR"] == "cats-0.cats"
-    assert env["PET_MASTER_PORT"] == "29500"
+    assert env["MURALIST_CLAIMS_ADDR"] == "cats-0.cats:29400", "the work-claim store of the first pod"
     container = pod["containers"][0]
-    assert container["command"] == ["torchrun", "-m", "muralist_runtime", "--spec", "/etc/muralist/spec/spec.json"]
+    assert container["command"] == ["python", "-m", "muralist_runtime.launch", "--spec",
+                                    "/etc/muralist/spec/spec.json"]
     assert container["image"] == SETTINGS.runtime_image
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}, "requests": {"memory": "9Gi"}}
 
@@ -154,29 +155,31 @@ def command_of(job: Any) -> list[str]:
     return render_children(job, "ns", SETTINGS).job["spec"]["template"]["spec"]["containers"][0]["command"]
 
 
-def test_accelerate_launcher_command() -> None:
+def test_a_context_parallel_group_over_two_pods_gets_a_world_of_two() -> None:
+    job = make_job("cats").context_parallel(ulysses=8).world(nodes=4, gpus=4).job()
+    env = env_of(render_children(job, "ns", SETTINGS).job)
+    # Its node rank and master follow from the pod's index: the launch entry point computes them.
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == ("2", "4")
+    assert "PET_NODE_RANK" not in env and "PET_MASTER_ADDR" not in env
+
+
+def test_both_launchers_start_from_the_launch_entry_point() -> None:
+    # The accelerate argv itself is the pod contract's, built in the pod (test_runtime_local.py).
     job = make_job().world(nodes=2, gpus=0, processes=2).set("spec.parallelism.launcher", "accelerate").job()
-    cmd = command_of(job)
-    assert cmd[:2] == ["accelerate", "launch"]
-    assert cmd[cmd.index("--num_processes") + 1] == "4"
-    # accelerate refuses --cpu with --multi_gpu, and without --multi_gpu starts one process.
-    assert "--multi_gpu" in cmd and "--cpu" not in cmd
-    assert cmd[cmd.index("--machine_rank") + 1] == "$(PET_NODE_RANK)"
-    single = command_of(make_job().world(nodes=1, gpus=0, processes=1).set("spec.parallelism.launcher",
-                                                                           "accelerate").job())
-    assert "--cpu" in single and "--multi_gpu" not in single
+    assert command_of(job) == command_of(make_job().world(nodes=2, gpus=0, processes=2).job())
 
 
 def test_pod_and_local_commands_come_from_one_contract() -> None:
+    import sys
+
     from muralist_runtime import local
+    from muralist_runtime.spec import contract
 
     job = make_job().world(nodes=2, gpus=0, processes=2).set("spec.parallelism.launcher", "accelerate").job()
-    pod = command_of(job)
     runtime = RuntimeSpec(name="cats", spec=job.spec, output_dir="/o")
-    (here, _), _ = local.agent_commands(runtime, "/etc/muralist/spec/spec.json", 29500)
-    # The same flags in the same order; only the program and the rendezvous values differ.
-    assert [a for a in pod if a.startswith("--")] == [a for a in here if a.startswith("--")]
-    assert pod[pod.index("--rdzv_backend"):] == here[here.index("--rdzv_backend"):]
+    (here, _), _ = local.agent_commands(runtime, contract.SPEC_FILE, 29500, 29400)
+    # The same entry point, which builds the launcher's command from the spec in both places.
+    assert command_of(job)[1:] == here[1:] and here[0] == sys.executable
 
 
 def test_render_refuses_a_spec_too_large_for_its_config_map() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from muralist_runtime import local
+from muralist_runtime.spec import contract
 from muralist_runtime.spec.problems import ValidationProblem
 from muralist_runtime.spec.resolved import RuntimeSpec
 
@@ -94,28 +95,47 @@ def spec_for(parallelism: dict) -> RuntimeSpec:
         "model": {"name": "m"}, "prompts": ["a"], "parallelism": parallelism}})
 
 
-def test_torchrun_agents_use_only_pet_variables() -> None:
-    cmds = local.agent_commands(spec_for({"nodes": 2, "gpusPerNode": 0, "processesPerNode": 3}),
-                                "/s.json", 12345)
-    assert len(cmds) == 2
-    for node, (argv, env) in enumerate(cmds):
-        assert argv[1:] == ["-m", "torch.distributed.run", "-m", "muralist_runtime",
-                            "--spec", "/s.json"]
-        assert env == {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "3", "PET_NODE_RANK": str(node),
-                       "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": "12345"}
+def launched(runtime: RuntimeSpec, tmp_path: Path) -> list[tuple[list[str], dict[str, str]]]:
+    """What each local agent's launch entry point starts: the launcher argv and its PET_* env."""
+    from muralist_runtime import launch
+
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(runtime.model_dump_json(by_alias=True))
+    agents = local.agent_commands(runtime, str(spec_file), 12345, 23456)
+    for argv, env in agents:
+        assert argv[1:] == ["-m", "muralist_runtime.launch", "--spec", str(spec_file)]
+        assert env[contract.MURALIST_CLAIMS_ADDR] == "127.0.0.1:23456"
+    return [launch.agent_command(str(spec_file), env) for _argv, env in agents]
 
 
-def test_accelerate_on_cpu_uses_multi_gpu_for_several_processes() -> None:
-    (argv, _env), = local.agent_commands(
-        spec_for({"gpusPerNode": 0, "processesPerNode": 2, "launcher": "accelerate"}), "/s", 1)
+def test_each_agent_is_its_own_torchrun_world(tmp_path: Path) -> None:
+    runs = launched(spec_for({"nodes": 2, "gpusPerNode": 0, "processesPerNode": 3}), tmp_path)
+    for node, (argv, pet) in enumerate(runs):
+        assert argv[1:3] == ["-m", "torch.distributed.run"]
+        # Pods never rendezvous: a world of one pod each (on one machine, a port each).
+        assert pet == {"PET_NNODES": "1", "PET_NPROC_PER_NODE": "3", "PET_NODE_RANK": "0",
+                       "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(12345 + node)}
+
+
+def test_a_context_parallel_group_over_two_pods_is_one_world(tmp_path: Path) -> None:
+    spec = spec_for({"nodes": 4, "gpusPerNode": 0, "processesPerNode": 2, "strategy": "ContextParallel",
+                     "contextParallel": {"ulyssesDegree": 4}})
+    runs = launched(spec, tmp_path)
+    assert [(pet["PET_NNODES"], pet["PET_NODE_RANK"], pet["PET_MASTER_PORT"]) for _, pet in runs] == [
+        ("2", "0", "12345"), ("2", "1", "12345"), ("2", "0", "12346"), ("2", "1", "12346")]
+
+
+def test_accelerate_on_cpu_uses_multi_gpu_for_several_processes(tmp_path: Path) -> None:
+    ((argv, _pet),) = launched(spec_for({"gpusPerNode": 0, "processesPerNode": 2, "launcher": "accelerate"}),
+                               tmp_path)
     assert argv[1:3] == ["-m", "accelerate.commands.launch"]
     # accelerate starts one process on CPU without --multi_gpu, and refuses it with --cpu.
     assert "--multi_gpu" in argv and "--cpu" not in argv
     assert argv[argv.index("--num_processes") + 1] == "2"
     assert argv[argv.index("--main_process_ip") + 1] == "127.0.0.1"
-    assert argv[-4:] == ["-m", "muralist_runtime", "--spec", "/s"]
-    (one, _env), = local.agent_commands(
-        spec_for({"gpusPerNode": 0, "processesPerNode": 1, "launcher": "accelerate"}), "/s", 1)
+    assert argv[-4:-1] == ["-m", "muralist_runtime", "--spec"]
+    ((one, _pet),) = launched(spec_for({"gpusPerNode": 0, "processesPerNode": 1, "launcher": "accelerate"}),
+                              tmp_path)
     assert "--cpu" in one and "--multi_gpu" not in one
 
 

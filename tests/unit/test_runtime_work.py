@@ -1,92 +1,115 @@
-"""The DataParallel shard plan: pure, balanced, every image exactly once."""
+"""The work plan (chunks of rows), claimed and static chunk streams, seeds and the layout."""
 
 from __future__ import annotations
 
 import pytest
-from muralist_runtime.assign import plan_for_rank, shard
-from muralist_runtime.spec.api import Generation, PromptSpec
-from muralist_runtime.spec.items import image_tasks
+from muralist_runtime import work
+from muralist_runtime.spec.api import Generation
+from muralist_runtime.spec.items import item_seed, row_items
 from muralist_runtime.world import Layout
 
-
-def layout(rank: int, world: int, group: int = 1, per_node: int | None = None) -> Layout:
-    per_node = per_node or world
-    return Layout(rank=rank, world_size=world, local_rank=rank % per_node,
-                  local_world_size=per_node, node_rank=rank // per_node, group_size=group)
+from tests.builders import make_job
 
 
-def tasks(prompts: int, per_prompt: int = 1, seed: int = 0):
-    return image_tasks([PromptSpec(text=f"p{i}") for i in range(prompts)],
-                       Generation(images_per_prompt=per_prompt, seed=seed))
+def plan_for(rows: int, processes: int = 1, nodes: int = 1, **output) -> work.WorkPlan:
+    job = make_job().world(nodes=nodes, gpus=0, processes=processes).output(**output).job()
+    return work.make_plan(job.spec, rows, 0)
 
 
 @pytest.mark.parametrize(
-    ("n", "parts", "sizes"),
+    ("rows", "processes", "nodes", "chunk_rows", "chunks"),
     [
-        (3, 2, [2, 1]),
-        (6, 2, [3, 3]),
-        (7, 3, [3, 2, 2]),
-        (1, 4, [1, 0, 0, 0]),
-        (0, 2, [0, 0]),
-        (10, 1, [10]),
-        (5, 5, [1, 1, 1, 1, 1]),
+        (3, 2, 1, 1, 3),  # a few rows: one per chunk, so the counter can balance them
+        (40, 2, 1, 5, 8),  # 4 chunks per group
+        (1_000_000, 8, 4, 32, 31_250),  # a big data set: small chunks all the same
+        (0, 1, 1, 1, 0),
     ],
 )
-def test_shard_is_balanced_contiguous_and_exact(n: int, parts: int, sizes: list[int]) -> None:
-    chunks = shard(list(range(n)), parts)
-    assert [len(c) for c in chunks] == sizes
-    assert max(sizes) - min(sizes) <= 1
-    assert [x for c in chunks for x in c] == list(range(n)), "each once, in order, no padding"
+def test_plan_cuts_rows_into_small_chunks(rows: int, processes: int, nodes: int, chunk_rows: int,
+                                           chunks: int) -> None:
+    plan = plan_for(rows, processes, nodes)
+    assert (plan.chunk_rows, plan.chunks) == (chunk_rows, chunks)
+    covered = [r for c in range(plan.chunks) for r in range(*plan.bounds(c))]
+    assert covered == list(range(rows)), "every row in exactly one chunk, in order"
 
 
-def test_shard_refuses_zero_parts() -> None:
-    with pytest.raises(ValueError):
-        shard([1], 0)
+def test_webdataset_chunks_are_shards() -> None:
+    plan = plan_for(2500, 2, layout="webdataset", shardSize=1000)
+    assert (plan.chunk_rows, plan.chunks, plan.bounds(2)) == (1000, 3, (2000, 2500))
+
+
+def test_a_row_range_is_planned_in_the_source_numbering() -> None:
+    job = make_job().job()
+    plan = work.make_plan(job.spec, rows=10, start=100)
+    assert plan.bounds(0)[0] == 100 and plan.bounds(plan.chunks - 1)[1] == 110
+
+
+@pytest.mark.parametrize(("chunks", "groups"), [(7, 3), (3, 2), (1, 4), (10, 1)])
+def test_static_shares_are_contiguous_balanced_and_exact(chunks: int, groups: int) -> None:
+    plan = work.WorkPlan(0, chunks, 1, 1)
+    shares = [[c for c, _ in work.static_chunks(plan, g, groups)] for g in range(groups)]
+    assert [c for share in shares for c in share] == list(range(chunks))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_own_chunks_first_then_claims_then_a_sweep_of_what_nobody_holds() -> None:
+    from muralist_runtime.claims import ClaimClient, ClaimServer
+
+    plan = work.WorkPlan(0, 8, 1, 1)
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, work.NAMESPACE) as store:
+        # Before this group's pod was retried it owned chunk 1 (unfinished). Group 1 claimed 0, 2
+        # and 3 (still rendering 3); chunk 4's claim reply was lost, so nobody owns it.
+        for chunk, owner in ((0, 1), (1, 0), (2, 1), (3, 1), (4, None)):
+            assert store.next_chunk() == chunk
+            if owner is not None:
+                store.add(f"owner/{chunk}", owner + 1)
+                store.append(f"owned/{owner}", f"{chunk},")
+        counted: list[int] = []
+        tally = work.Tally(store, failed_of=lambda c: 0)
+        tally.count = counted.append  # type: ignore[method-assign]
+        got = list(work.dynamic_chunks(store, plan, {0, 2, 7}.__contains__, group=0, tally=tally))
+    assert got == [(1, False), (5, False), (6, False), (7, False), (4, True)]
+    assert counted == [0, 2, 7], "chunks found done are counted in this store's life"
+    # 3 is group 1's (in flight): no duplicate; 5 and 6 were claimed and owned by group 0 itself.
+
+
+def test_tally_counts_each_chunk_once_and_waits_for_all() -> None:
+    from muralist_runtime.claims import ClaimClient, ClaimServer
+
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, work.NAMESPACE) as store:
+        tally = work.Tally(store, failed_of=lambda c: 2)
+        assert tally.finished(0, 1) == 1
+        assert tally.finished(0, 1) == 1, "a duplicate of chunk 0 is not counted again"
+        tally.count(1)
+        tally.count(1)
+        assert (store.add("done", 0), store.add("failed", 0)) == (2, 3)
+        tally.wait_all(2)  # returns at once: both chunks are finished
+
+
+def test_seeds_do_not_depend_on_the_world() -> None:
+    gen = Generation(images_per_prompt=3, seed=10)
+    items = row_items(4, "p", gen) + row_items(5, "q", gen, seed=99)
+    assert [i.seed for i in items] == [22, 23, 24, 99, 100, 101]
+    assert [i.key for i in items[:2]] == ["00004-000", "00004-001"]
+    assert items[4].number(3) == 16
+    assert item_seed(0, None, 0, 0, 1) == 0
+
+
+def layout(pod: int, local: int, ppn: int, nodes: int, group: int) -> Layout:
+    pods = max(1, group // ppn)
+    node_rank = pod % pods
+    return Layout(pod_index=pod, local_rank=local, local_world_size=ppn, nodes=nodes, group_size=group,
+                  pg_rank=node_rank * ppn + local, pg_size=pods * ppn)
 
 
 @pytest.mark.parametrize(
-    ("prompts", "per_prompt", "world", "group", "expected"),
-    [
-        # 3 prompts on 2 ranks.
-        (3, 1, 2, 1, {0: ["00000-000", "00001-000"], 1: ["00002-000"]}),
-        # 2 groups of 2 (ContextParallel 2 on 4 ranks): both ranks of a group get its images.
-        (2, 2, 4, 2, {0: ["00000-000", "00000-001"], 1: ["00000-000", "00000-001"],
-                      2: ["00001-000", "00001-001"], 3: ["00001-000", "00001-001"]}),
-        # one group holding the whole world
-        (2, 1, 2, 2, {0: ["00000-000", "00001-000"], 1: ["00000-000", "00001-000"]}),
-    ],
+    ("ppn", "nodes", "group"),
+    [(1, 4, 1), (2, 3, 1), (4, 2, 2), (2, 4, 4), (8, 2, 16)],  # DP; DP x CP in a pod; CP over 2 pods
 )
-def test_plan_per_rank(prompts, per_prompt, world, group, expected) -> None:
-    all_tasks = tasks(prompts, per_prompt)
-    got = {r: [t.key for t in plan_for_rank(all_tasks, layout(r, world, group))]
-           for r in range(world)}
-    assert got == expected
-
-
-@pytest.mark.parametrize(("world", "group"),
-                         [(w, g) for w in (1, 2, 3, 4, 5, 8) for g in (1, 2) if w % g == 0])
-def test_union_of_group_plans_is_every_image_once(world: int, group: int) -> None:
-    all_tasks = tasks(7, 3)
-    leaders = [r for r in range(world) if r % group == 0]
-    planned = [t for r in leaders for t in plan_for_rank(all_tasks, layout(r, world, group))]
-    assert sorted(planned, key=lambda t: t.key) == all_tasks
-    sizes = [len(plan_for_rank(all_tasks, layout(r, world, group))) for r in leaders]
-    assert max(sizes) - min(sizes) <= 1
-
-
-def test_seeds_do_not_depend_on_world_size() -> None:
-    all_tasks = tasks(5, 2, seed=100)
-    by_world = {}
-    for world in (1, 2, 3, 4):
-        by_world[world] = sorted(
-            (t.key, t.seed) for r in range(world) for t in plan_for_rank(all_tasks, layout(r, world))
-        )
-    assert all(v == by_world[1] for v in by_world.values())
-    assert by_world[1][:3] == [("00000-000", 100), ("00000-001", 101), ("00001-000", 102)]
-
-
-def test_layout_groups() -> None:
-    lay = layout(rank=5, world=8, group=2, per_node=4)
-    assert (lay.group_index, lay.group_rank, lay.dp_degree, lay.nodes) == (2, 1, 4, 2)
-    assert not lay.writes_images
-    assert layout(4, 8, 2, 4).writes_images
+def test_job_ranks_and_groups_do_not_depend_on_the_world(ppn: int, nodes: int, group: int) -> None:
+    layouts = [layout(p, r, ppn, nodes, group) for p in range(nodes) for r in range(ppn)]
+    assert [lay.rank for lay in layouts] == list(range(nodes * ppn)), "pod index x per pod + local rank"
+    for lay in layouts:
+        assert lay.group_index == lay.rank // group and lay.dp_degree == nodes * ppn // group
+        assert lay.pg_group_first == lay.pg_rank - lay.group_rank
+    assert [lay.hosts_store for lay in layouts].count(True) == 1

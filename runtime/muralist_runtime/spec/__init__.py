@@ -29,7 +29,7 @@ from .api import (
     Strategy,
 )
 from .contract import PERMANENT_FAILURE_EXIT_CODE, PermanentFailure
-from .items import ImageTask, image_tasks
+from .items import Item, item_key
 from .problems import ValidationProblem, parse_job, problems_from
 from .resolved import RuntimeSpec
 from .status import TERMINAL_PHASES, DiffusionJobStatus, Phase
@@ -47,13 +47,13 @@ __all__ = [
     "DiffusionJob",
     "DiffusionJobSpec",
     "DiffusionJobStatus",
-    "ImageTask",
+    "Item",
     "PermanentFailure",
     "Phase",
     "RuntimeSpec",
     "Strategy",
     "ValidationProblem",
-    "image_tasks",
+    "item_key",
     "parse_job",
     "problems_from",
 ]

@@ -13,8 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .base import ApiModel, KubeObject
-from .contract import reserved_env_problem
+from .base import ApiModel, KubeObject, relative_path
+from .data import Dataset, Inputs, PromptsFrom, PromptSpec
+from .pods import PodTemplate, RunPolicy
 from .status import DiffusionJobStatus
 
 GROUP = "muralist.dev"
@@ -38,11 +39,6 @@ class Strategy(StrEnum):
 class SecretKeyRef(ApiModel):
     name: str = Field(min_length=1, description="Name of the Secret in the job's namespace.")
     key: str = Field(min_length=1, description="Key inside the Secret.")
-
-
-class ConfigMapKeyRef(ApiModel):
-    name: str = Field(min_length=1, description="Name of the ConfigMap in the job's namespace.")
-    key: str = Field(min_length=1, description="Key inside the ConfigMap; one prompt per line.")
 
 
 class ModelLoading(ApiModel):
@@ -89,18 +85,6 @@ class ModelSpec(ApiModel):
     )
     loading: ModelLoading | None = Field(
         None, description="How the weights are read at start (node-local staging, mmap)."
-    )
-
-
-class PromptSpec(ApiModel):
-    text: str = Field(min_length=1, description="The prompt.")
-    negative_prompt: str | None = Field(None, description="Negative prompt, for pipelines that take one.")
-    seed: int | None = Field(None, ge=0, description="This prompt's seed; image i of the prompt uses seed + i.")
-
-
-class PromptsFrom(ApiModel):
-    config_map_key_ref: ConfigMapKeyRef = Field(
-        description="A ConfigMap key with one prompt per line (blank lines ignored)."
     )
 
 
@@ -236,77 +220,25 @@ class Output(ApiModel):
     )
     format: Literal["png", "jpeg", "webp"] = Field("png", description="Image file format.")
 
+    layout: Literal["files", "webdataset"] = Field(
+        "files",
+        description="files: images/<key>.<format> with a JSON file each; webdataset: tar shards of shardSize "
+        "rows (image and JSON members per item) with a Parquet index of every item.",
+    )
+    shard_size: int = Field(
+        1000, ge=1, le=100_000,
+        description="Rows per WebDataset shard (each row's imagesPerPrompt images go in the same shard).",
+    )
+    gallery_page_size: int = Field(200, ge=1, le=10_000, description="Items per gallery page.")
+
     @field_validator("path")
     @classmethod
     def _relative_inside_volume(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if value.startswith("/"):
-            raise ValueError(
-                f"'{value}' is absolute; use a path relative to the volume, e.g. '{value.strip('/') or 'results'}'"
-            )
-        if ".." in value.split("/"):
-            raise ValueError(f"'{value}' contains '..'; it must stay inside the volume")
-        if not value.strip("/"):
+        if not value.strip("/") and not value.startswith("/"):
             raise ValueError("must not be empty; leave it out to use metadata.name")
-        return value
-
-
-class EnvVar(ApiModel):
-    name: str = Field(
-        min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name."
-    )
-    value: str | None = Field(None, description="Literal value.")
-    value_from: KubeObject | None = Field(None, description="A Kubernetes EnvVarSource (secretKeyRef, fieldRef, ...).")
-
-
-class PodTemplate(ApiModel):
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
-    tolerations: list[KubeObject] = Field(default_factory=list, description="Pod tolerations.")
-    affinity: KubeObject | None = Field(None, description="Pod affinity.")
-    priority_class_name: str | None = Field(None, description="Pod priorityClassName.")
-    scheduler_name: str | None = Field(None, description="Pod schedulerName (e.g. a gang scheduler).")
-    service_account_name: str | None = Field(
-        None, description="ServiceAccount for the pods; default the job's own runtime account."
-    )
-    image_pull_secrets: list[KubeObject] = Field(
-        default_factory=list, description="Pod imagePullSecrets ([{name: ...}])."
-    )
-    env: list[EnvVar] = Field(
-        default_factory=list,
-        max_length=200,
-        description="Extra container env vars; PET_*, MURALIST_* and torchrun's names are reserved.",
-    )
-
-    @field_validator("env")
-    @classmethod
-    def _no_contract_clash(cls, env: list[EnvVar]) -> list[EnvVar]:
-        for i, var in enumerate(env):
-            problem = reserved_env_problem(var.name)
-            if problem:
-                raise ValueError(f"env[{i}] {problem}")
-        return env
-
-
-class RunPolicy(ApiModel):
-    max_restarts: int = Field(3, ge=0, le=100, description="Times the pod group is recreated after a failure.")
-    active_deadline_seconds: int | None = Field(
-        None, ge=1, description="Fail the job (DeadlineExceeded) after this many seconds."
-    )
-    ttl_seconds_after_finished: int | None = Field(
-        None, ge=0, description="Delete the finished DiffusionJob after this many seconds."
-    )
-    suspend: bool = Field(False, description="Suspend: delete running pods, keep outputs.")
-    queue_name: str | None = Field(
-        None, description="Kueue LocalQueue; the Job is created suspended for Kueue to admit."
-    )
-    stall_timeout_seconds: int | None = Field(
-        None,
-        ge=10,
-        description="Restart the group (reason Stalled) when no progress is reported for this long.",
-    )
+        return relative_path(value)
 
 
 class DiffusionJobSpec(ApiModel):
@@ -317,6 +249,12 @@ class DiffusionJobSpec(ApiModel):
         description="Prompts: strings or {text, negativePrompt, seed}.",
     )
     prompts_from: PromptsFrom | None = Field(None, description="More prompts from a ConfigMap (one per line).")
+    dataset: Dataset | None = Field(
+        None,
+        description="Rows from files on a volume (JSON Lines, CSV, Parquet, text, a saved datasets dataset), for "
+        "jobs of 10^5-10^7 items; instead of prompts and promptsFrom.",
+    )
+    inputs: Inputs | None = Field(None, description="The volume that input images and masks are read from.")
     generation: Generation = Field(default_factory=Generation, description="Sampling parameters.")
     parallelism: Parallelism = Field(
         default_factory=Parallelism, description="How the work is split over pods, processes and GPUs."
@@ -379,8 +317,8 @@ class DiffusionJob(BaseModel):
 
     @property
     def total_images(self) -> int | None:
-        """Known only when every prompt is inline (promptsFrom is read inside the pod)."""
-        if self.spec.prompts_from is not None:
+        """Known only when every prompt is inline (promptsFrom and datasets are read in the pods)."""
+        if self.spec.prompts_from is not None or self.spec.dataset is not None:
             return None
         return len(self.spec.prompts) * self.spec.generation.images_per_prompt
 

@@ -28,3 +28,12 @@ class ApiModel(BaseModel):
 # and kubelet validate those, and their schemas are far too large to copy into our CRD.
 KubeObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
 
+
+
+def relative_path(value: str) -> str:
+    """A path that stays inside its volume: relative, no '..'; raises ValueError saying which."""
+    if value.startswith("/"):
+        raise ValueError(f"'{value}' is absolute; use a path relative to the volume, e.g. '{value.strip('/') or 'x'}'")
+    if ".." in value.split("/"):
+        raise ValueError(f"'{value}' contains '..'; it must stay inside the volume")
+    return value

@@ -211,16 +211,23 @@ def _divisor_hint(ppn: int, degree: int) -> str:
     return hint
 
 
-def context_parallel_problems(ring: int, ulysses: int, backend: str, ppn: int, gpu: bool) -> list[Problem]:
-    """A ring x ulysses group: at least 2 ranks, inside one pod, on a backend that can run it."""
+def context_parallel_problems(ring: int, ulysses: int, backend: str, ppn: int, gpu: bool,
+                              nodes: int = 1) -> list[Problem]:
+    """A ring x ulysses group: at least 2 ranks, inside one pod or over whole pods, on a backend
+    that can run it."""
     degree = ring * ulysses
     if degree < 2:
         return [(CP_FIELD, "ringDegree x ulyssesDegree = 1 is plain data parallelism; raise ulyssesDegree or "
                  "ringDegree to 2 or more, or use strategy DataParallel")]
     problems: list[Problem] = []
-    if ppn % degree:
+    if ppn % degree and degree % ppn:
         problems.append((CP_FIELD, f"ringDegree x ulyssesDegree = {degree} must divide processesPerNode = {ppn} "
-                         f"(a group stays inside one pod); {_divisor_hint(ppn, degree)}"))
+                         f"(a group inside one pod) or be a multiple of it (a group over whole pods); "
+                         f"{_divisor_hint(ppn, degree)}"))
+    elif degree > ppn and nodes % (degree // ppn):
+        pods = degree // ppn
+        problems.append(("spec.parallelism.nodes", f"a group of {degree} ranks spans {pods} pods of {ppn} "
+                         f"processes, so nodes must be a multiple of {pods}; it is {nodes}"))
     return problems + backend_problems(backend, ring, gpu)
 
 

@@ -36,6 +36,7 @@ WORKER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RAN
 # -- Muralist's own variables, read by the runtime ---------------------------------------------
 MURALIST_POD_INDEX = "MURALIST_POD_INDEX"  # the pod's completion index (a field reference); an agent's locally
 MURALIST_RENDEZVOUS_HOST = "MURALIST_RENDEZVOUS_HOST"  # every world's master host (local runs: 127.0.0.1)
+MURALIST_RENDEZVOUS_PORT = "MURALIST_RENDEZVOUS_PORT"  # the first world's port there (local runs)
 MURALIST_CLAIMS_ADDR = "MURALIST_CLAIMS_ADDR"  # host:port of the work-claim store
 MURALIST_NAMESPACE = "MURALIST_NAMESPACE"  # the job's namespace (a field reference)
 MURALIST_POD_NAME = "MURALIST_POD_NAME"  # the pod's name (a field reference), named in progress reports
@@ -62,6 +63,10 @@ MURALIST_TEST_EXIT_RANK = "MURALIST_TEST_EXIT_RANK"
 MURALIST_TEST_HANG_AFTER = "MURALIST_TEST_HANG_AFTER"
 MURALIST_TEST_HANG_RANK = "MURALIST_TEST_HANG_RANK"
 MURALIST_TEST_BREAK_CP = "MURALIST_TEST_BREAK_CP"
+MURALIST_TEST_NAN_ROWS = "MURALIST_TEST_NAN_ROWS"
+MURALIST_TEST_STEP_SLEEP = "MURALIST_TEST_STEP_SLEEP"
+MURALIST_TEST_SLOW_RANK = "MURALIST_TEST_SLOW_RANK"
+MURALIST_TEST_STATIC_PLAN = "MURALIST_TEST_STATIC_PLAN"
 
 # A user env var may not shadow the contract: these prefixes and names are refused.
 RESERVED_ENV_PREFIXES = ("PET_", "MURALIST_")
@@ -177,12 +182,11 @@ def pod_world(job: str, index: int, processes_per_node: int, gpus_per_node: int,
     """
     k = pods_per_world(group_size, processes_per_node)
     world = World(k, processes_per_node, gpus_per_node)
+    if host is not None:  # every agent on one machine: each world needs a port of its own
+        return world, Rendezvous(str(index % k), host, str(port + index // k))
     if k == 1:
-        return world, Rendezvous("0", host or "127.0.0.1", str(port))
-    first = index // k * k
-    if host is not None:
-        return world, Rendezvous(str(index % k), host, str(port + first // k))
-    return world, Rendezvous(str(index % k), master_host(job, first), str(port))
+        return world, Rendezvous("0", "127.0.0.1", str(port))
+    return world, Rendezvous(str(index % k), master_host(job, index // k * k), str(port))
 
 
 def global_rank(index: int, processes_per_node: int, local_rank: int) -> int:
@@ -204,6 +208,11 @@ def torchrun_env(world: World, rdzv: Rendezvous) -> dict[str, str]:
         PET_MASTER_ADDR: rdzv.master_addr,
         PET_MASTER_PORT: rdzv.master_port,
     }
+
+
+def pod_command(python: str = "python") -> list[str]:
+    """A pod's container command (and a local agent's): the launch entry point of the runtime."""
+    return [python, "-m", f"{RUNTIME_MODULE}.launch", "--spec", SPEC_FILE]
 
 
 def launcher_command(launcher: Launcher, world: World, rdzv: Rendezvous, spec_file: str,

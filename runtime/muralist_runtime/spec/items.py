@@ -1,52 +1,67 @@
-"""Work items and determinism: what each image is, and the seed it gets.
+"""Work items and determinism: what each output is, and the seed it gets.
 
-Pure functions shared by the runtime (the shard plan, the writer) and the operator's counts.
+The unit of work is an item: one output (an image, or a video) of one row of the job's
+source (an inline prompt, a line of promptsFrom, a row of spec.dataset). A row gives
+generation.imagesPerPrompt items. Pure and shared by the runtime and the operator's counts.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from .api import Generation, PromptSpec
+from .api import Generation
 
 
-class ImageTask(BaseModel):
+def item_key(row: int, image_index: int) -> str:
+    """The item's file name stem: `<row>-<image>`, zero-padded so keys of a job sort like items."""
+    return f"{row:05d}-{image_index:03d}"
+
+
+class Item(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    prompt_index: int
+    row: int
     image_index: int
     prompt: str
-    negative_prompt: str | None
+    negative_prompt: str | None = None
     seed: int
+    id: str | None = None
+    # Inputs: a path relative to the inputs volume, or the bytes of an image (a Parquet column).
+    image: str | bytes | None = None
+    mask: str | bytes | None = None
+    strength: float | None = None
+    # Why the row could not be read (a seed that is no integer, no prompt): the item fails.
+    error: str | None = None
 
     @property
     def key(self) -> str:
-        return f"{self.prompt_index:05d}-{self.image_index:03d}"
+        return item_key(self.row, self.image_index)
+
+    def number(self, images_per_prompt: int) -> int:
+        """The item's place in the whole job (0-based), the order of manifests and galleries."""
+        return self.row * images_per_prompt + self.image_index
 
 
-def image_seed(
-    base_seed: int, prompt_seed: int | None, prompt_index: int, image_index: int, images_per_prompt: int
-) -> int:
-    """An image's seed depends only on the seeds and its indices, never on the world layout.
+def item_seed(base_seed: int, row_seed: int | None, row: int, image_index: int, images_per_prompt: int) -> int:
+    """An item's seed depends only on the seeds and its indices, never on the world layout.
 
-    A prompt with its own seed renders image i with seed + i, like a plain diffusers call with
-    that seed. Otherwise images are numbered through the job from the base seed.
+    A row with its own seed renders image i with seed + i, like a plain diffusers call with that
+    seed. Otherwise items are numbered through the job from the base seed.
     """
-    if prompt_seed is not None:
-        return prompt_seed + image_index
-    return base_seed + prompt_index * images_per_prompt + image_index
+    if row_seed is not None:
+        return row_seed + image_index
+    return base_seed + row * images_per_prompt + image_index
 
 
-def image_tasks(prompts: list[PromptSpec], generation: Generation) -> list[ImageTask]:
+def row_items(row: int, prompt: str, generation: Generation, *, negative_prompt: str | None = None,
+              seed: int | None = None, id: str | None = None, image: str | bytes | None = None,
+              mask: str | bytes | None = None, strength: float | None = None,
+              error: str | None = None) -> list[Item]:
+    """The imagesPerPrompt items of one row."""
+    ipp = generation.images_per_prompt
     return [
-        ImageTask(
-            prompt_index=p,
-            image_index=i,
-            prompt=prompt.text,
-            negative_prompt=prompt.negative_prompt,
-            seed=image_seed(generation.seed, prompt.seed, p, i, generation.images_per_prompt),
-        )
-        for p, prompt in enumerate(prompts)
-        for i in range(generation.images_per_prompt)
+        Item(row=row, image_index=i, prompt=prompt, negative_prompt=negative_prompt,
+             seed=item_seed(generation.seed, seed, row, i, ipp), id=id, image=image, mask=mask, strength=strength,
+             error=error)
+        for i in range(ipp)
     ]
-

@@ -175,7 +175,8 @@ def _layout_problems(spec: DiffusionJobSpec) -> list[Problem]:
     ppn, gpu = par.resolved_processes_per_node, par.gpus_per_node > 0
     if par.strategy == "ContextParallel":
         cp = par.context_parallel or ContextParallelSpec()
-        out = catalog.context_parallel_problems(cp.ring_degree, cp.ulysses_degree, cp.attention_backend, ppn, gpu)
+        out = catalog.context_parallel_problems(cp.ring_degree, cp.ulysses_degree, cp.attention_backend, ppn, gpu,
+                                                par.nodes)
     else:
         tp = par.tensor_parallel or TensorParallelSpec()
         out = catalog.tensor_parallel_problems(tp.degree, ppn, gpu)

@@ -18,3 +18,5 @@ class RuntimeSpec(ApiModel):
     model_path: str | None = Field(
         None, description="Overrides spec.model.name with a local directory (muralist run --model)."
     )
+    dataset_dir: str | None = Field(None, description="Where spec.dataset.volume is mounted (read-only).")
+    inputs_dir: str | None = Field(None, description="Where spec.inputs.volume is mounted (read-only).")

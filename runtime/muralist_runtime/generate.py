@@ -1,0 +1,222 @@
+"""Step 4 of a rank's run: claim chunks until none is left; render and write their items.
+
+Only a group's first rank claims, writes and counts; it shares each chunk's item list with
+its group (the other ranks render the same items with it). An item fails on its own — a row
+that could not be read, an output with NaN values, an exception or out-of-memory error of a
+group of one — and is recorded with its reason; the job fails instead once more items failed
+than runPolicy.maxFailedItems allows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .spec.contract import PermanentFailure
+from .spec.items import Item
+
+log = logging.getLogger("muralist")
+
+
+@dataclass
+class ChunkRun:
+    """One chunk on its writing rank: entries so far, and submitted items to add in order."""
+
+    chunk: int
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # keys submitted to the writer threads, in order
+    done: dict[str, Any] = field(default_factory=dict)  # written by the threads, not yet added
+    failures: list[str] = field(default_factory=list)
+
+
+def chunk_stream(job: Any, state: Any) -> Any:
+    """(chunk, sweeping) for this group, decided by its first rank and shared with the group."""
+    from . import knobs, work
+
+    world = state.world
+    layout = world.layout
+    own = None
+    if layout.writes_images:
+        if knobs.static_plan():
+            own = work.static_chunks(job.work, layout.group_index, layout.dp_degree)
+        else:
+            tally = work.Tally(state.claims, lambda c: _failed_in(job, c))
+            own = work.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
+                                      tally)
+    while True:
+        step = next(own, None) if own is not None else None
+        step = world.share_in_group(step)
+        if step is None:
+            return
+        yield step
+
+
+def _finished(job: Any, chunk: int) -> bool:
+    from pathlib import Path
+
+    from .outputs import part_path
+
+    return part_path(Path(job.runtime.output_dir), chunk).is_file()
+
+
+def _failed_in(job: Any, chunk: int) -> int:
+    from pathlib import Path
+
+    from .outputs import read_part
+
+    return sum(e.get("status") == "failed" for e in read_part(Path(job.runtime.output_dir), chunk) or [])
+
+
+def generate(job: Any, pipe: Any, state: Any) -> None:
+    from . import writer as writermod
+
+    layout = state.world.layout
+    start = time.perf_counter()
+    if layout.writes_images:
+        state.background = writermod.BackgroundWriter(state.layout.write)
+    rendered = 0
+    for chunk, sweeping in chunk_stream(job, state):
+        rendered += run_chunk(job, pipe, state, chunk, sweeping)
+    if state.background is not None:
+        state.background.close()  # raises a write error
+    state.timings["generateSeconds"] = time.perf_counter() - start
+    log.info("rendered %d items in %.1fs (load %.1fs)", rendered, state.timings["generateSeconds"],
+             state.timings["loadSeconds"])
+
+
+def _todo(job: Any, state: Any, chunk: int, sweeping: bool) -> tuple[list[Item], ChunkRun | None]:
+    """The chunk's items left to render (shared by the group), and the writer's bookkeeping."""
+    from . import rows
+
+    begin, end = job.work.bounds(chunk)
+    run = None
+    todo: list[Item] | None = None
+    if state.world.layout.writes_images:
+        items = rows.items_of(job.rows.rows(begin, end), job.runtime.spec.generation)
+        run = ChunkRun(chunk, entries=state.layout.kept(chunk, items))
+        for key in run.entries:
+            state.progress.item_done(key, "skipped", 0.0)
+        todo = [i for i in items if i.key not in run.entries]
+        if sweeping:
+            todo.reverse()  # another group may still be on it: meet it in the middle
+        state.layout.begin_chunk(chunk, run.entries)
+    return state.world.share_in_group(todo), run
+
+
+def run_chunk(job: Any, pipe: Any, state: Any, chunk: int, sweeping: bool) -> int:
+    from . import knobs, work
+    from .outputs import failed_entry
+
+    finished = state.world.share_in_group(
+        _finished(job, chunk) and _failed_in(job, chunk) == 0 if state.layout is not None else None)
+    if finished:  # done whole by an earlier attempt: count it, render nothing
+        if state.layout is not None:
+            work.Tally(state.claims).count(chunk)
+        return 0
+    todo, run = _todo(job, state, chunk, sweeping)
+    test = knobs.TestKnobs.from_env()
+    rendered = 0
+    for batch in _batches(todo, job.runtime.spec.generation.batch_size):
+        if sweeping:  # a duplicate may have finished some meanwhile
+            batch = state.world.share_in_group([i for i in batch if not state.layout.item_done(i)]
+                                               if run is not None else None)
+        for item, image, reason, seconds in render_items(job, pipe, state, batch):
+            if run is None:
+                continue
+            if reason is not None:
+                run.entries[item.key] = failed_entry(job.runtime, item, state.world.layout.rank, reason)
+                run.failures.append(f"{item.key}{f' ({item.id})' if item.id else ''}: {reason}")
+                state.progress.item_done(item.key, "failed", 0.0)
+                continue
+            state.background.submit(chunk, item, image, seconds)
+            run.order.append(item.key)
+            rendered += 1
+            if test.active:
+                state.background.wait_idle()
+            _add_written(state, run, test)
+    if run is not None:
+        _end_chunk(job, state, run, test)
+    return rendered
+
+
+def _batches(items: list[Item], size: int) -> list[list[Item]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+Rendered = tuple[Item, Any, str | None, float]
+
+
+def render_items(job: Any, pipe: Any, state: Any, batch: list[Item]) -> list[Rendered]:
+    """(item, image, None, seconds) per rendered item, (item, None, reason, 0) per failed one."""
+    from . import knobs, pipeline
+
+    if not batch:
+        return []
+    failed: list[Rendered] = [(i, None, i.error, 0.0) for i in batch if i.error]
+    batch = [i for i in batch if not i.error]
+    slow = knobs.step_sleep(state.world.layout.rank)
+
+    def on_step() -> None:
+        state.progress.step_done()
+        if slow:
+            time.sleep(slow)
+
+    t0 = time.perf_counter()
+    try:
+        results = pipeline.render_checked(pipe, job.runtime, batch, on_step=on_step) if batch else []
+    except Exception as e:
+        if state.world.layout.group_size > 1 or not _item_error(e):
+            raise  # a group's collective or a broken process: the pod fails and is retried
+        if len(batch) > 1:  # find the item that fails, render the others
+            return failed + [r for one in batch for r in render_items(job, pipe, state, [one])]
+        _release_memory()
+        return [*failed, (batch[0], None, f"{type(e).__name__}: {e}".splitlines()[0][:500], 0.0)]
+    seconds = (time.perf_counter() - t0) / max(1, len(batch))
+    return failed + [(item, image, reason, seconds) for item, (image, reason) in zip(batch, results, strict=True)]
+
+
+def _item_error(e: Exception) -> bool:
+    """Errors of one item (its inputs, its memory), not of the process: another CUDA error leaves
+    the device unusable, so it fails the pod, which is retried."""
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError | ValueError | OSError)
+
+
+def _release_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _add_written(state: Any, run: ChunkRun, test: Any) -> None:
+    """Add what the writer threads finished, in submission order (a shard's members are)."""
+    for written in state.background.completed():
+        run.done[written.item.key] = written
+    while run.order and run.order[0] in run.done:
+        written = run.done.pop(run.order.pop(0))
+        run.entries[written.item.key] = state.layout.add(run.chunk, written.item, written.result)
+        state.progress.item_done(written.item.key, "completed", written.seconds)
+        test.image_written(state.world.layout.rank)
+
+
+def _end_chunk(job: Any, state: Any, run: ChunkRun, test: Any) -> None:
+    from . import work
+    from .outputs import write_part
+
+    state.background.wait_idle()
+    _add_written(state, run, test)
+    assert not run.order, f"chunk {run.chunk}: {len(run.order)} items written but not added"
+    state.layout.end_chunk(run.chunk)
+    entries = sorted(run.entries.values(), key=lambda e: e["index"])
+    write_part(state.layout.root, run.chunk, entries)
+    failed_total = work.Tally(state.claims).finished(run.chunk, sum(e.get("status") == "failed" for e in entries))
+    limit = job.runtime.spec.run_policy.failed_items_limit(job.work.total_items)
+    if limit is not None and failed_total > limit:
+        raise PermanentFailure(
+            "spec.runPolicy.maxFailedItems",
+            f"{failed_total} items failed, more than the {limit} allowed; here: {'; '.join(run.failures[:5]) or '-'}",
+        )

@@ -1,0 +1,69 @@
+"""The end of a job: one manifest, one Parquet index and a paginated gallery, as a stream.
+
+The first pod's first rank runs this once every chunk is finished (work.Tally.wait_all): no
+world-wide barrier, since pods do not share a process group. It reads the chunk part files in
+chunk order (each sorted by item), so the outputs come out in item order without ever holding
+more than one chunk: a million-item job merges in one pass, with no quadratic step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import shards
+from .outputs import read_part
+from .writer import TMP_SUFFIX
+
+INDEX_COLUMNS = ("index", "id", "key", "prompt", "seed", "shard", "status", "seconds", "error")
+
+
+def entries(root: Path, chunks: int) -> Iterator[dict[str, Any]]:
+    for chunk in range(chunks):
+        yield from read_part(root, chunk) or []
+
+
+def index_row(entry: dict[str, Any]) -> dict[str, Any]:
+    shard = entry.get("shard")
+    return {
+        "index": entry.get("index"),
+        "id": entry.get("id"),
+        "key": entry.get("key"),
+        "prompt": entry.get("prompt"),
+        "seed": entry.get("seed"),
+        "shard": int(Path(shard).stem.split("-")[1]) if shard else None,
+        "status": entry.get("status"),
+        "seconds": entry.get("seconds"),
+        "error": entry.get("error"),
+    }
+
+
+def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str, Any]) -> dict[str, int]:
+    """manifest.jsonl + index.parquet + the gallery; returns the counts by status."""
+    from .gallery import write_gallery
+
+    counts: dict[str, int] = {}
+    manifest = root / "manifest.jsonl"
+    tmp = manifest.with_name(f".{manifest.name}.merge{TMP_SUFFIX}")
+    index = shards.IndexWriter(root / "index.parquet")
+
+    def stream() -> Iterator[dict[str, Any]]:
+        with open(tmp, "w") as out:
+            for entry in entries(root, chunks):
+                counts[entry.get("status", "")] = counts.get(entry.get("status", ""), 0) + 1
+                out.write(json.dumps(entry, sort_keys=True) + "\n")
+                index.write(index_row(entry))
+                yield entry
+            out.flush()
+
+    try:
+        write_gallery(root, title, stream(), page_size=page_size, caption=caption)
+        tmp.replace(manifest)
+        index.close()
+    except BaseException:
+        index.abort()
+        tmp.unlink(missing_ok=True)
+        raise
+    return counts

@@ -1,0 +1,243 @@
+"""Where items go: the two output layouts, and the chunk part files that say what is done.
+
+Layout under the output directory (spec.output.layout):
+
+    files:       images/<key>.<format> and images/<key>.json (metadata first, image last: an
+                 image on disk means its metadata is there too)
+    webdataset:  shards/shard-<chunk>.tar, members <key>.<format> + <key>.json per item
+    both:        parts/chunk-<chunk>.jsonl, the manifest lines of one chunk, written once all
+                 its items are on disk or failed: a chunk's part file is its "done" marker;
+                 manifest.jsonl, index.parquet, job.json, index.html (merge.py, at the end)
+
+Every file is written to a temp name and renamed, so no reader sees a partial one; a rank
+killed mid-chunk costs that chunk's unfinished items (files) or its shard (webdataset).
+Encoding happens on writer threads (writer.BackgroundWriter): `FilesLayout.write` writes an
+item's files there; `WebDatasetLayout.encode` only encodes, and the generating thread adds the
+members to the shard in item order, so a shard's bytes do not depend on thread timing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from . import shards
+from .spec.items import Item
+from .spec.resolved import RuntimeSpec
+from .writer import atomic_write_bytes, atomic_write_text
+
+PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+# Deterministic fields only: the PNG bytes then depend on the pixels alone, so the same job
+# gives byte-identical files on any world size (rank and seconds live in the JSON).
+PNG_TEXT_FIELDS = ("prompt", "negativePrompt", "seed", "steps", "guidanceScale", "height",
+                   "width", "model", "revision", "dtype")
+PARTS = "parts"
+
+
+def part_path(root: Path, chunk: int) -> Path:
+    return root / PARTS / f"chunk-{chunk:06d}.jsonl"
+
+
+def read_part(root: Path, chunk: int) -> list[dict[str, Any]] | None:
+    """The entries of a finished chunk, or None when it is not finished."""
+    try:
+        text = part_path(root, chunk).read_text()
+    except OSError:
+        return None
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            return None  # not ours (renamed into place whole): treat the chunk as unfinished
+    return out
+
+
+def write_part(root: Path, chunk: int, entries: Iterable[dict[str, Any]]) -> None:
+    atomic_write_text(part_path(root, chunk), "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries))
+
+
+def metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float) -> dict[str, Any]:
+    spec = runtime.spec
+    gen = spec.generation
+    meta = {
+        "key": item.key,
+        "index": item.number(gen.images_per_prompt),
+        "promptIndex": item.row,
+        "imageIndex": item.image_index,
+        "id": item.id,
+        "prompt": item.prompt,
+        "negativePrompt": item.negative_prompt,
+        "seed": item.seed,
+        "steps": gen.steps,
+        "guidanceScale": gen.guidance_scale,
+        "height": gen.height,
+        "width": gen.width,
+        "model": spec.model.name,
+        "revision": spec.model.revision,
+        "dtype": spec.model.dtype,
+        "rank": rank,
+        "seconds": round(seconds, 4),
+        "kind": "image",
+    }
+    if isinstance(item.image, str):
+        meta["inputImage"] = item.image
+    if isinstance(item.mask, str):
+        meta["inputMask"] = item.mask
+    if item.strength is not None:
+        meta["strength"] = item.strength
+    return meta
+
+
+def failed_entry(runtime: RuntimeSpec, item: Item, rank: int, reason: str) -> dict[str, Any]:
+    entry = metadata(runtime, item, rank, 0.0)
+    entry.update(status="failed", error=reason)
+    return entry
+
+
+def encode_image(image: Any, fmt: str, meta: dict[str, Any]) -> bytes:
+    """A PIL image as PNG (with the deterministic metadata as text chunks), JPEG or WebP."""
+    buf = io.BytesIO()
+    kwargs: dict[str, Any] = {}
+    if fmt == "png":
+        from PIL.PngImagePlugin import PngInfo
+
+        info = PngInfo()
+        for name in PNG_TEXT_FIELDS:
+            if meta.get(name) is not None:
+                info.add_text(name, str(meta[name]))
+        kwargs["pnginfo"] = info
+    else:
+        kwargs["quality"] = 95
+    image.save(buf, format=PIL_FORMATS[fmt], **kwargs)
+    return buf.getvalue()
+
+
+class FilesLayout:
+    """images/<key>.<format> + images/<key>.json per item."""
+
+    name = "files"
+
+    def __init__(self, runtime: RuntimeSpec, rank: int):
+        self.runtime, self.rank = runtime, rank
+        self.root = Path(runtime.output_dir)
+        self.images = self.root / "images"
+        self.ext = runtime.spec.output.format
+
+    def prepare(self) -> None:
+        self.images.mkdir(parents=True, exist_ok=True)
+        (self.root / PARTS).mkdir(parents=True, exist_ok=True)
+        for directory in (self.root, self.images, self.root / PARTS):
+            shards.remove_stale_temps(directory)
+
+    def image_path(self, item: Item) -> Path:
+        return self.images / f"{item.key}.{self.ext}"
+
+    def meta_path(self, item: Item) -> Path:
+        return self.images / f"{item.key}.json"
+
+    def item_done(self, item: Item) -> bool:
+        return self.image_path(item).is_file() and self.meta_path(item).is_file()
+
+    def kept(self, chunk: int, items: list[Item]) -> dict[str, dict[str, Any]]:
+        """Entries of this chunk's items already on disk (from an earlier attempt, or a duplicate)."""
+        out = {}
+        for item in items:
+            if not self.item_done(item):
+                continue
+            try:
+                entry = json.loads(self.meta_path(item).read_text())
+            except (OSError, ValueError):
+                continue
+            entry["status"] = "skipped"
+            out[item.key] = entry
+        return out
+
+    def begin_chunk(self, chunk: int, kept: dict[str, dict[str, Any]]) -> None:
+        return None
+
+    def write(self, chunk: int, item: Item, image: Any, seconds: float) -> dict[str, Any]:
+        """On a writer thread: metadata first, then the image, both atomically."""
+        meta = metadata(self.runtime, item, self.rank, seconds)
+        meta["file"] = f"images/{item.key}.{self.ext}"
+        atomic_write_text(self.meta_path(item), json.dumps(meta, indent=2) + "\n")
+        atomic_write_bytes(self.image_path(item), encode_image(image, self.ext, meta))
+        meta["status"] = "rendered"
+        return meta
+
+    def add(self, chunk: int, item: Item, result: dict[str, Any]) -> dict[str, Any]:
+        return result  # already on disk
+
+    def end_chunk(self, chunk: int) -> None:
+        return None
+
+    def abort_chunk(self, chunk: int) -> None:
+        return None
+
+
+class WebDatasetLayout:
+    """shards/shard-<chunk>.tar: one shard per chunk, written by the rank that claimed it."""
+
+    name = "webdataset"
+
+    def __init__(self, runtime: RuntimeSpec, rank: int):
+        self.runtime, self.rank = runtime, rank
+        self.root = Path(runtime.output_dir)
+        self.shards = self.root / "shards"
+        self.ext = runtime.spec.output.format
+        self._open: dict[int, shards.ShardWriter] = {}
+
+    def prepare(self) -> None:
+        self.shards.mkdir(parents=True, exist_ok=True)
+        (self.root / PARTS).mkdir(parents=True, exist_ok=True)
+        shards.remove_stale_temps(self.shards)
+
+    def item_done(self, item: Item) -> bool:
+        return False  # a shard is all or nothing: items are never done on their own
+
+    def kept(self, chunk: int, items: list[Item]) -> dict[str, dict[str, Any]]:
+        """Items a finished shard of this chunk already holds (retrying only its failed ones)."""
+        entries = read_part(self.root, chunk) or []
+        path = shards.shard_path(self.shards, chunk)
+        if not path.is_file():
+            return {}
+        return {e["key"]: {**e, "status": "skipped"} for e in entries if e.get("status") != "failed"}
+
+    def begin_chunk(self, chunk: int, kept: dict[str, dict[str, Any]]) -> None:
+        old = shards.shard_path(self.shards, chunk)
+        kept_members = []
+        if kept and old.is_file():
+            keep = set(kept)
+            kept_members = [(key, members) for key, members in shards.read_shard(old) if key in keep]
+        writer = shards.ShardWriter(self.shards, chunk)
+        for key, members in kept_members:
+            writer.add(key, members)
+        self._open[chunk] = writer
+
+    def write(self, chunk: int, item: Item, image: Any, seconds: float) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """On a writer thread: encode only; `add` puts the members in the shard, in order."""
+        meta = metadata(self.runtime, item, self.rank, seconds)
+        meta["shard"] = f"shards/{shards.shard_path(self.shards, chunk).name}"
+        data = encode_image(image, self.ext, meta)
+        return meta, {self.ext: data, "json": (json.dumps(meta, sort_keys=True) + "\n").encode()}
+
+    def add(self, chunk: int, item: Item, result: tuple[dict[str, Any], dict[str, bytes]]) -> dict[str, Any]:
+        meta, members = result
+        self._open[chunk].add(item.key, members)
+        meta["status"] = "rendered"
+        return meta
+
+    def end_chunk(self, chunk: int) -> None:
+        self._open.pop(chunk).close()
+
+    def abort_chunk(self, chunk: int) -> None:
+        writer = self._open.pop(chunk, None)
+        if writer is not None:
+            writer.abort()
+
+
+def layout_for(runtime: RuntimeSpec, rank: int) -> FilesLayout | WebDatasetLayout:
+    return WebDatasetLayout(runtime, rank) if runtime.spec.output.layout == "webdataset" else FilesLayout(runtime, rank)

@@ -1,0 +1,113 @@
+"""The rows of a job: inline prompts and promptsFrom lines, or spec.dataset read as a stream.
+
+Every rank opens the same rows and reads only the ranges it claims (work.py): a data set of
+millions of rows is never held in memory, and an inline prompt list (bounded by admission to
+what fits in the spec ConfigMap) is served from memory the same way. A row gives
+generation.imagesPerPrompt items (spec/items.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Protocol
+
+from .sources import Columns, Row, RowSource, SourceError
+from .spec.api import Generation
+from .spec.contract import PermanentFailure
+from .spec.items import Item, row_items
+from .spec.resolved import RuntimeSpec
+
+
+class Rows(Protocol):
+    start: int
+
+    def count(self) -> int: ...
+
+    def rows(self, begin: int, end: int) -> Iterator[Row]: ...
+
+    def close(self) -> None: ...
+
+
+class InlineRows:
+    """Prompts that travel with the spec (inline and promptsFrom), as rows 0, 1, ..."""
+
+    start = 0
+
+    def __init__(self, rows: list[Row]):
+        self._rows = rows
+
+    def count(self) -> int:
+        return len(self._rows)
+
+    def rows(self, begin: int, end: int) -> Iterator[Row]:
+        return iter(self._rows[max(0, begin):max(0, end)])
+
+    def close(self) -> None:
+        return None
+
+
+def inline_rows(runtime: RuntimeSpec) -> InlineRows:
+    """Inline prompts first, then the prompts file's non-blank lines (promptsFrom)."""
+    out = [Row(index=i, id=p.id, prompt=p.text, negative_prompt=p.negative_prompt, seed=p.seed, image=p.image,
+               mask=p.mask, strength=p.strength) for i, p in enumerate(runtime.spec.prompt_objects)]
+    if runtime.spec.prompts_from is not None:
+        if not runtime.prompts_file:
+            raise PermanentFailure("spec.promptsFrom", "set, but no prompts file was mounted")
+        try:
+            lines = Path(runtime.prompts_file).read_text().splitlines()
+        except OSError as e:
+            raise PermanentFailure("spec.promptsFrom", f"cannot read {runtime.prompts_file}: {e.strerror}") from None
+        out += [Row(index=len(out) + i, id=None, prompt=text)
+                for i, text in enumerate(line.strip() for line in lines if line.strip())]
+    if not out:
+        raise PermanentFailure("spec.prompts", "no prompts to render")
+    return InlineRows(out)
+
+
+class DatasetRows:
+    """spec.dataset through sources.RowSource: counted once, read forward by ranges."""
+
+    def __init__(self, source: RowSource, start: int):
+        self._source = source
+        self.start = start
+
+    def count(self) -> int:
+        return self._source.count()
+
+    def rows(self, begin: int, end: int) -> Iterator[Row]:
+        return self._source.rows(begin, end)
+
+    def close(self) -> None:
+        self._source.close()
+
+
+def dataset_rows(runtime: RuntimeSpec) -> DatasetRows:
+    dataset = runtime.spec.dataset
+    assert dataset is not None
+    if not runtime.dataset_dir:
+        raise PermanentFailure("spec.dataset.volume", "set, but the data set volume was not mounted")
+    c = dataset.columns
+    columns = Columns(prompt=c.prompt, negative_prompt=c.negative_prompt, seed=c.seed, image=c.image, mask=c.mask,
+                      strength=c.strength, id=c.id)
+    path = Path(runtime.dataset_dir) / dataset.path
+    try:
+        source = RowSource(path, dataset.format, columns, dataset.start, dataset.end)
+        source.count()  # a missing column or an unknown format shows here, before any weight loads
+    except SourceError as e:
+        raise PermanentFailure("spec.dataset", str(e)) from None
+    except OSError as e:
+        raise PermanentFailure("spec.dataset.path", f"cannot read {path}: {e.strerror or e}") from None
+    return DatasetRows(source, dataset.start)
+
+
+def open_rows(runtime: RuntimeSpec) -> Rows:
+    return dataset_rows(runtime) if runtime.spec.dataset is not None else inline_rows(runtime)
+
+
+def items_of(rows: Iterable[Row], generation: Generation) -> list[Item]:
+    out: list[Item] = []
+    for row in rows:
+        out += row_items(row.index, row.prompt, generation, negative_prompt=row.negative_prompt, seed=row.seed,
+                         id=row.id, image=row.image, mask=row.mask, strength=row.strength, error=row.error)
+    return out

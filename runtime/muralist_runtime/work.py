@@ -1,0 +1,137 @@
+"""Who renders what: chunks of rows, claimed from a shared counter instead of fixed shards.
+
+A fixed shard plan makes the slowest GPU set the job's end. Here the rows are cut into chunks
+(`WorkPlan`) and every data-parallel group (a rank, or a CP/TP group's first rank, which shares
+the chunk with its group) claims the next chunk from a counter in the work-claim store that the
+job's first pod hosts (claims.py), across pods too: a slow GPU or a slow pod simply takes fewer.
+
+Each claim is recorded in the store: the chunk's owner, and the list of chunks a group owns.
+A pod that failed and is retried finds its groups' chunks there and finishes those not done on
+disk before claiming new ones. When the counter runs past the end, each group sweeps the
+chunks once more and takes any that is neither done nor owned: a claim whose reply was lost,
+or one claimed before the store restarted. Two groups on one chunk (a rare race, or a store
+restart) render an item at most twice and write it idempotently. Seeds are a function of the
+item only, so which group renders an item never changes its pixels.
+
+The store also counts finished chunks and failed items; the first pod's first rank waits until
+every chunk is finished, then merges the outputs (merge.py). If the first pod restarts, the
+store starts from zero: every chunk is claimed again, and chunks done on disk are counted and
+skipped at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .claims import ClaimClient
+from .spec import contract
+from .spec.api import DiffusionJobSpec
+
+log = logging.getLogger("muralist.work")
+
+# Small chunks balance better and cost one claim (tens of microseconds) each; a few per group
+# at least, so that the counter has something to hand to a fast group.
+CHUNKS_PER_GROUP = 4
+MAX_CHUNK_ROWS = 32
+NAMESPACE = "work"
+WAIT_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class WorkPlan:
+    start: int  # the source's first row
+    rows: int
+    chunk_rows: int
+    images_per_prompt: int
+
+    @property
+    def chunks(self) -> int:
+        return math.ceil(self.rows / self.chunk_rows) if self.rows else 0
+
+    @property
+    def total_items(self) -> int:
+        return self.rows * self.images_per_prompt
+
+    def bounds(self, chunk: int) -> tuple[int, int]:
+        """The rows [begin, end) of a chunk, in the source's numbering."""
+        begin = self.start + chunk * self.chunk_rows
+        return begin, min(begin + self.chunk_rows, self.start + self.rows)
+
+
+def make_plan(spec: DiffusionJobSpec, rows: int, start: int) -> WorkPlan:
+    """The same plan in every pod: it depends on the spec and the source only."""
+    par = spec.parallelism
+    if spec.output.layout == "webdataset":
+        chunk_rows = spec.output.shard_size  # one shard per chunk
+    else:
+        groups = max(1, par.world_size // par.group_size)
+        chunk_rows = max(1, min(MAX_CHUNK_ROWS, math.ceil(rows / (groups * CHUNKS_PER_GROUP))))
+    return WorkPlan(start, rows, chunk_rows, spec.generation.images_per_prompt)
+
+
+def claims_address(env: dict[str, str] | None = None) -> tuple[str, int]:
+    env = dict(os.environ) if env is None else env
+    value = env.get(contract.MURALIST_CLAIMS_ADDR) or f"127.0.0.1:{contract.CLAIMS_PORT}"
+    host, _, port = value.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bool], group: int,
+                   tally: Tally | None = None) -> Iterator[tuple[int, bool]]:
+    """(chunk, sweeping) for one group: its own unfinished chunks, claimed ones, then a sweep."""
+    owned = [int(c) for c in client.text(f"owned/{group}").split(",") if c]
+    for chunk in dict.fromkeys(owned):  # claimed by this group before its pod was retried
+        if not done(chunk):
+            yield chunk, False
+    while (chunk := client.next_chunk()) < plan.chunks:
+        client.add(f"owner/{chunk}", group + 1)
+        client.append(f"owned/{group}", f"{chunk},")
+        yield chunk, False
+    for i in range(plan.chunks):
+        chunk = (group + i) % plan.chunks
+        if done(chunk):
+            if tally is not None:
+                tally.count(chunk)  # done before the store's life began: count it now
+        elif client.add(f"owner/{chunk}", 0) == 0 and client.add(f"owner/{chunk}", group + 1) == group + 1:
+            yield chunk, True
+
+
+def static_chunks(plan: WorkPlan, group: int, groups: int) -> Iterator[tuple[int, bool]]:
+    """A fixed contiguous share per group, as accelerate's split_between_processes would give
+    (MURALIST_TEST_STATIC_PLAN: the benchmark's comparison, not for jobs)."""
+    base, extra = divmod(plan.chunks, groups)
+    first = group * base + min(group, extra)
+    for chunk in range(first, first + base + (1 if group < extra else 0)):
+        yield chunk, False
+
+
+class Tally:
+    """The store's job-wide counters: chunks finished (each counted once), items failed."""
+
+    def __init__(self, client: ClaimClient, failed_of: Callable[[int], int] | None = None):
+        self.client = client
+        self.failed_of = failed_of  # a finished chunk's failed items, from its part file
+
+    def finished(self, chunk: int, failed: int) -> int:
+        """Count a finished chunk once per store life; returns the job's failed items so far."""
+        if self.client.add(f"done/{chunk}", 1) == 1:
+            self.client.add("done", 1)
+            return self.client.add("failed", failed)
+        return self.client.add("failed", 0)
+
+    def count(self, chunk: int) -> None:
+        """Count a chunk found finished on disk, unless it is counted already."""
+        if self.client.add(f"done/{chunk}", 0) == 0:
+            self.finished(chunk, self.failed_of(chunk) if self.failed_of else 0)
+
+    def wait_all(self, chunks: int, on_wait: Callable[[int], None] | None = None) -> None:
+        """Until every chunk of the job is finished (the first pod's merge waits for the others)."""
+        while (done := self.client.add("done", 0)) < chunks:
+            if on_wait is not None:
+                on_wait(done)
+            time.sleep(WAIT_SECONDS)
