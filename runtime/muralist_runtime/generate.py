@@ -200,6 +200,7 @@ def _add_written(state: Any, run: ChunkRun, test: Any) -> None:
         written = run.done.pop(run.order.pop(0))
         run.entries[written.item.key] = state.layout.add(run.chunk, written.item, written.result)
         state.progress.item_done(written.item.key, "completed", written.seconds)
+        state.timings.setdefault("firstItemSeconds", time.perf_counter() - state.started)
         test.image_written(state.world.layout.rank)
 
 

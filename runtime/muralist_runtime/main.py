@@ -74,11 +74,23 @@ class Job:
     gpu: bool
 
 
+def peak_memory_mib() -> float:
+    """This process's peak resident memory (VmHWM), for job.json and the termination message."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 @dataclass
 class RunState:
     """What a run holds while it goes, so that a failure can still report and clean up."""
 
     timings: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
     world: Any = None
     jobfile: Any = None
     layout: Any = None  # outputs.FilesLayout | WebDatasetLayout (writing ranks)
@@ -274,6 +286,7 @@ def run(spec_path: str) -> int:
         pipe = load(job, state)
         generate(job, pipe, state)
         summarise(job, state)
+        state.timings["peakMemoryMiB"] = peak_memory_mib()
         if state.world.layout.local_rank == 0:
             write_termination(Termination(state.counts, timings=state.timings))
         return contract.EXIT_OK

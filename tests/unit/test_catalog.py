@@ -141,3 +141,83 @@ def test_spec_configmap_limit_is_checked_at_admission() -> None:
     assert problem.startswith("spec.prompts: 22000 inline prompts make a")
     assert "spec.promptsFrom" in problem
     assert catalog.spec_size_problems(100, 1) == []
+
+
+# -- workloads ---------------------------------------------------------------------------------
+
+
+def test_scheduler_table_is_diffusers_own() -> None:
+    from muralist_runtime.spec.workloads import SCHEDULERS
+
+    classes = {n for n in dir(diffusers) if n.endswith("Scheduler") and inspect.isclass(getattr(diffusers, n))}
+    assert classes == SCHEDULERS
+
+
+def test_cache_options_are_fields_of_the_diffusers_configs() -> None:
+    import dataclasses
+
+    from diffusers import hooks
+    from muralist_runtime.spec.features import CacheType
+    from muralist_runtime.spec.workloads import CACHES
+
+    assert set(CACHES) == set(CacheType.__args__)
+    for kind in CACHES.values():
+        names = {f.name for f in dataclasses.fields(getattr(hooks, kind.config))}
+        assert {field for field, _ in kind.options.values()} <= names, kind.config
+
+
+def test_video_and_input_pipelines_exist_and_take_what_the_table_says() -> None:
+    from muralist_runtime.spec.workloads import INPUT_PIPELINES, VIDEO_PIPELINES, WITH_INPUTS
+
+    for name, takes in INPUT_PIPELINES.items():
+        params = inspect.signature(getattr(diffusers, name).__call__).parameters
+        assert "image" in params, name
+        assert ("mask_image" in params) == ("mask" in takes), name
+    for name in [*VIDEO_PIPELINES, *WITH_INPUTS]:
+        assert hasattr(diffusers, name), name
+    for name in VIDEO_PIPELINES:
+        assert "num_frames" in inspect.signature(getattr(diffusers, name).__call__).parameters, name
+
+
+@pytest.mark.parametrize(
+    ("builder", "field", "words"),
+    [
+        (lambda b: b.set("spec.model.name", "muralist/tiny-wan").output(format="mp4").generation(numFrames=10,
+                                                                                                 height=40),
+         "spec.generation.numFrames", "4k+1 frames"),
+        (lambda b: b.set("spec.model.name", "muralist/tiny-wan").output(format="mp4").generation(height=40),
+         "spec.generation.height", "multiples of 16"),
+        (lambda b: b.set("spec.model.name", "muralist/tiny-wan"), "spec.output.format", "renders videos"),
+        (lambda b: b.output(format="mp4"), "spec.output.format", "renders images"),
+        (lambda b: b.prompts({"text": "a cat", "image": "cat.png"}).set("spec.inputs", {"volume": {"emptyDir": {}}}),
+         "spec.prompts", "FluxImg2ImgPipeline"),
+        (lambda b: b.set("spec.model.pipeline", "FluxImg2ImgPipeline").prompts({"text": "a", "image": "a.png"}),
+         "spec.inputs", "spec.inputs.volume"),
+        (lambda b: b.generation(scheduler={"name": "NoSuchScheduler"}), "spec.generation.scheduler.name",
+         "no scheduler"),
+        (lambda b: b.generation(cache={"type": "FirstBlockCache", "options": {"treshold": 0.1}}),
+         "spec.generation.cache.options.treshold", "it takes threshold"),
+        (lambda b: b.context_parallel(ulysses=2).world(gpus=2).generation(cache={"type": "FirstBlockCache"}),
+         "spec.generation.cache.type", "use TaylorSeer"),
+        (lambda b: b.tensor_parallel(2).world(gpus=2).set("spec.model.adapters", [{"name": "/lora"}]),
+         "spec.model.fuseAdapters", "fuseAdapters: true"),
+        (lambda b: b.set("spec.dataset", {"volume": {"emptyDir": {}}, "path": "rows.jsonl"}), "spec.dataset",
+         "remove prompts"),
+    ],
+    ids=["wan-frames", "wan-size", "wan-png", "image-mp4", "text-pipeline-image", "inputs-volume",
+         "scheduler", "cache-option", "cache-cp", "tp-lora", "dataset-and-prompts"],
+)
+def test_workload_rules_name_the_field_and_the_fix(builder, field: str, words: str) -> None:
+    with pytest.raises(ValidationProblem) as err:
+        builder(make_job()).job()
+    assert any(p.startswith(f"{field}: ") and words in p for p in err.value.problems), err.value.problems
+
+
+def test_workloads_that_fit_are_admitted() -> None:
+    wan = make_job().set("spec.model.name", "muralist/tiny-wan").output(format="mp4").generation(
+        numFrames=9, height=32, width=32, cache={"type": "TaylorSeer", "options": {"cacheInterval": 3}})
+    assert wan.context_parallel(ulysses=2).world(gpus=0, processes=2).job()
+    edit = make_job().set("spec.model.pipeline", "FluxInpaintPipeline").set("spec.inputs", {"volume": {
+        "hostPath": {"path": "/photos"}}}).prompts({"text": "a red mug", "image": "mug.png", "mask": "mask.png",
+                                                     "strength": 0.8})
+    assert edit.generation(scheduler={"name": "FlowMatchEulerDiscreteScheduler", "config": {"shift": 2.0}}).job()

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .base import ApiModel, KubeObject, relative_path
 from .data import Dataset, Inputs, PromptsFrom, PromptSpec
+from .features import Adapter, CacheSpec, SchedulerSpec
 from .pods import PodTemplate, RunPolicy
 from .status import DiffusionJobStatus
 
@@ -86,6 +87,15 @@ class ModelSpec(ApiModel):
     loading: ModelLoading | None = Field(
         None, description="How the weights are read at start (node-local staging, mmap)."
     )
+    adapters: list[Adapter] = Field(
+        default_factory=list, max_length=16,
+        description="LoRA adapters applied on top of the model, each with its scale (several at once).",
+    )
+    fuse_adapters: bool = Field(
+        False,
+        description="Merge the adapters into the base weights after loading (faster steps, and needed with "
+        "TensorParallel, which shards the base layers).",
+    )
 
 
 class Generation(ApiModel):
@@ -115,6 +125,13 @@ class Generation(ApiModel):
         "warm up once before timing; GPU only (ignored with a log line on CPU). Pays minutes of "
         "compile time at start for faster steps; worth it for long jobs at one resolution.",
     )
+    num_frames: int | None = Field(
+        None, ge=1, le=1025,
+        description="Frames per video (video pipelines; Wan needs 4k+1, e.g. 81); default the pipeline's.",
+    )
+    fps: int = Field(16, ge=1, le=120, description="Frames per second of video outputs.")
+    scheduler: SchedulerSpec | None = Field(None, description="Another scheduler than the pipeline's own.")
+    cache: CacheSpec | None = Field(None, description="A step cache (diffusers cache hooks) for faster steps.")
 
 
 class ContextParallelSpec(ApiModel):
@@ -218,7 +235,11 @@ class Output(ApiModel):
         max_length=1024,
         description="Directory inside the volume, relative, without '..'; default metadata.name.",
     )
-    format: Literal["png", "jpeg", "webp"] = Field("png", description="Image file format.")
+    format: Literal["png", "jpeg", "webp", "mp4", "gif"] = Field(
+        "png",
+        description="png | jpeg | webp for images; mp4 (H.264, yuv420p), webp (animated, lossless) or gif for "
+        "videos.",
+    )
 
     layout: Literal["files", "webdataset"] = Field(
         "files",

@@ -22,7 +22,7 @@ TP_FIELD = "spec.parallelism.tensorParallel"
 # -- models ------------------------------------------------------------------------------------
 
 # Built in place by the runtime (no download): quickstarts, tests, demos.
-TINY_MODEL_NAMES = frozenset({"muralist/tiny-flux"})
+TINY_MODEL_NAMES = frozenset({"muralist/tiny-flux", "muralist/tiny-wan", "muralist/tiny-wan-i2v"})
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,13 @@ MODEL_LAYOUTS: dict[str, ModelLayout] = {
     layout.pipeline: layout
     for layout in (
         ModelLayout("FluxPipeline", "FluxTransformer2DModel", True, True),
+        ModelLayout("FluxImg2ImgPipeline", "FluxTransformer2DModel", True, True),
+        ModelLayout("FluxInpaintPipeline", "FluxTransformer2DModel", True, True),
+        ModelLayout("FluxKontextPipeline", "FluxTransformer2DModel", True, True),
         ModelLayout("Flux2Pipeline", "Flux2Transformer2DModel", True, True),
         ModelLayout("QwenImagePipeline", "QwenImageTransformer2DModel", True, True),
         ModelLayout("WanPipeline", "WanTransformer3DModel", True, False),
+        ModelLayout("WanImageToVideoPipeline", "WanTransformer3DModel", True, False),
         ModelLayout("LTXPipeline", "LTXVideoTransformer3DModel", True, False),
         ModelLayout("StableDiffusionPipeline", "UNet2DConditionModel", False, False),
         ModelLayout("StableDiffusionXLPipeline", "UNet2DConditionModel", False, False),
@@ -54,6 +58,12 @@ MODEL_LAYOUTS: dict[str, ModelLayout] = {
 # Well-known hub ids, for manifests that leave model.pipeline to auto-detection.
 KNOWN_MODEL_PIPELINES: dict[str, str] = {
     "muralist/tiny-flux": "FluxPipeline",
+    "muralist/tiny-wan": "WanPipeline",
+    "muralist/tiny-wan-i2v": "WanImageToVideoPipeline",
+    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "WanPipeline",
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": "WanPipeline",
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": "WanPipeline",
+    "Lightricks/LTX-Video": "LTXPipeline",
     "black-forest-labs/FLUX.1-dev": "FluxPipeline",
     "black-forest-labs/FLUX.1-schnell": "FluxPipeline",
     "black-forest-labs/FLUX.1-Krea-dev": "FluxPipeline",
@@ -75,6 +85,10 @@ KNOWN_MODEL_SIZES_GIB: dict[str, float] = {
     "stabilityai/stable-diffusion-xl-base-1.0": 6.5,
     "stabilityai/stable-diffusion-3.5-large": 27.0,
     "muralist/tiny-flux": 0.01,
+    "muralist/tiny-wan": 0.01,
+    "muralist/tiny-wan-i2v": 0.01,
+    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": 17.0,
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": 65.0,
 }
 
 
@@ -259,5 +273,5 @@ def spec_size_problems(spec_bytes: int, inline_prompts: int) -> list[Problem]:
         return []
     return [("spec.prompts",
              f"{inline_prompts} inline prompts make a {spec_bytes // 1024} KiB spec, over the {limit // 1024} KiB "
-             "that fit in the pods' spec ConfigMap; put the prompts in a ConfigMap or a file and use "
-             "spec.promptsFrom.configMapKeyRef")]
+             "that fit in the pods' spec ConfigMap; put them in a file on a volume and use spec.dataset (any "
+             "size), or in a ConfigMap under 1 MiB with spec.promptsFrom")]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
-from . import catalog
+from . import catalog, workloads
 from .catalog import DNS_LABEL_MAX, Problem
 
 if TYPE_CHECKING:
@@ -125,13 +125,52 @@ def parse_job(manifest: Any) -> DiffusionJob:
 def spec_problems(spec: DiffusionJobSpec) -> list[Problem]:
     """Every cross-field rule of a spec: (field path, message with the fix); empty when valid."""
     return [*_source_problems(spec), *_strategy_section_problems(spec), *_process_problems(spec),
-            *_layout_problems(spec), *_size_problems(spec)]
+            *_layout_problems(spec), *_workload_problems(spec), *_size_problems(spec)]
 
 
 def _source_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    if spec.dataset is not None:
+        if spec.prompts or spec.prompts_from is not None:
+            return [("spec.dataset", "rows come from the data set alone; remove prompts and promptsFrom, or the "
+                     "dataset")]
+        if spec.dataset.end is not None and spec.dataset.end <= spec.dataset.start:
+            return [("spec.dataset.end", f"is {spec.dataset.end}, not after start {spec.dataset.start}")]
+        return []
     if not spec.prompts and spec.prompts_from is None:
-        return [("spec.prompts", "no prompts; add at least one to prompts or set promptsFrom")]
+        return [("spec.prompts", "no prompts; add at least one to prompts, set promptsFrom, or use spec.dataset")]
     return []
+
+
+def _input_uses(spec: DiffusionJobSpec) -> tuple[set[str], str]:
+    """Which inputs the job's items carry ("image", "mask"), and the field that says so."""
+    if spec.dataset is not None:
+        cols = spec.dataset.columns
+        return {u for u, c in (("image", cols.image), ("mask", cols.mask)) if c}, "spec.dataset.columns"
+    uses = set()
+    for p in spec.prompt_objects:
+        uses |= {u for u, v in (("image", p.image), ("mask", p.mask)) if v}
+    return uses, "spec.prompts"
+
+
+def _workload_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """Inputs, videos, the scheduler, the cache and adapters against what the catalog knows."""
+    gen, par = spec.generation, spec.parallelism
+    pipeline = spec.model.pipeline or catalog.KNOWN_MODEL_PIPELINES.get(spec.model.name)
+    uses, field_name = _input_uses(spec)
+    out: list[Problem] = []
+    if uses and spec.inputs is None:
+        out.append(("spec.inputs", f"{field_name} name input images; set spec.inputs.volume to the volume "
+                    "that holds them"))
+    out += workloads.input_problems(pipeline, uses, field_name)
+    out += workloads.video_problems(pipeline, gen.num_frames, gen.height, gen.width, spec.output.format)
+    if gen.scheduler is not None:
+        out += workloads.scheduler_problems(gen.scheduler.name)
+    if gen.cache is not None:
+        out += workloads.cache_problems(gen.cache.type, gen.cache.options, par.strategy)
+    if spec.model.adapters and par.strategy == "TensorParallel" and not spec.model.fuse_adapters:
+        out.append(("spec.model.fuseAdapters", "TensorParallel shards the base layers, and a LoRA must be merged "
+                    "into them first; set fuseAdapters: true"))
+    return out
 
 
 def _strategy_section_problems(spec: DiffusionJobSpec) -> list[Problem]:

@@ -1,0 +1,185 @@
+"""The rules catalog, continued: workloads. Video families, pipelines that take input images,
+schedulers and step caches, as far as admission can know them without loading anything.
+
+Checked against the installed diffusers by tests/unit/test_catalog.py (class names, config
+fields, a cache's options); the runtime checks what only the loaded model can tell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .catalog import Problem
+
+# -- video -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VideoFamily:
+    """What a video pipeline family needs of frames and sizes."""
+
+    name: str
+    frame_step: int  # frames must be frame_step * k + 1
+    size_multiple: int
+    default_frames: int
+
+
+WAN = VideoFamily("Wan", 4, 16, 81)
+LTX = VideoFamily("LTX-Video", 8, 32, 161)
+VIDEO_PIPELINES: dict[str, VideoFamily] = {
+    "WanPipeline": WAN,
+    "WanImageToVideoPipeline": WAN,
+    "LTXPipeline": LTX,
+    "LTXImageToVideoPipeline": LTX,
+}
+VIDEO_FORMATS = frozenset({"mp4", "webp", "gif"})
+IMAGE_FORMATS = frozenset({"png", "jpeg", "webp"})
+
+
+def video_problems(pipeline: str | None, num_frames: int | None, height: int, width: int,
+                   fmt: str) -> list[Problem]:
+    """A known pipeline's output kind and a video family's frame and size rules."""
+    if pipeline is None:
+        return [] if num_frames is None or fmt in VIDEO_FORMATS else [(
+            "spec.output.format", f"{fmt} cannot hold a video (generation.numFrames is set); use mp4, webp or gif")]
+    family = VIDEO_PIPELINES.get(pipeline)
+    if family is None:
+        out: list[Problem] = []
+        if fmt not in IMAGE_FORMATS:
+            out.append(("spec.output.format", f"{pipeline} renders images; use png, jpeg or webp"))
+        if num_frames is not None:
+            out.append(("spec.generation.numFrames", f"{pipeline} renders images, not videos; remove numFrames"))
+        return out
+    out = []
+    if fmt not in VIDEO_FORMATS:
+        out.append(("spec.output.format", f"{pipeline} renders videos; use mp4 (H.264), webp (animated) or gif"))
+    if num_frames is not None and (num_frames - 1) % family.frame_step:
+        k = max(1, round((num_frames - 1) / family.frame_step))
+        out.append(("spec.generation.numFrames", f"{family.name} needs {family.frame_step}k+1 frames; {num_frames} "
+                    f"is not: use {family.frame_step * k + 1}"))
+    for name, size in (("height", height), ("width", width)):
+        if size % family.size_multiple:
+            fixed = max(family.size_multiple, round(size / family.size_multiple) * family.size_multiple)
+            out.append((f"spec.generation.{name}", f"{family.name} needs multiples of {family.size_multiple}; "
+                        f"{size} is not: use {fixed}"))
+    return out
+
+
+# -- input images ------------------------------------------------------------------------------
+
+# Pipelines known to take an input image (and a mask); the runtime passes `image`,
+# `mask_image` and `strength` from each item.
+INPUT_PIPELINES: dict[str, frozenset[str]] = {
+    "FluxImg2ImgPipeline": frozenset({"image"}),
+    "FluxInpaintPipeline": frozenset({"image", "mask"}),
+    "FluxKontextPipeline": frozenset({"image"}),
+    "FluxKontextInpaintPipeline": frozenset({"image", "mask"}),
+    "WanImageToVideoPipeline": frozenset({"image"}),
+    "LTXImageToVideoPipeline": frozenset({"image"}),
+    "StableDiffusionImg2ImgPipeline": frozenset({"image"}),
+    "StableDiffusionInpaintPipeline": frozenset({"image", "mask"}),
+    "StableDiffusionXLImg2ImgPipeline": frozenset({"image"}),
+    "StableDiffusionXLInpaintPipeline": frozenset({"image", "mask"}),
+}
+# Text-only pipelines, and the image-conditioned pipelines of their family.
+WITH_INPUTS = {
+    "FluxPipeline": "FluxImg2ImgPipeline (image-to-image), FluxInpaintPipeline (with a mask) or FluxKontextPipeline "
+                    "(instruction edits)",
+    "WanPipeline": "WanImageToVideoPipeline",
+    "LTXPipeline": "LTXImageToVideoPipeline",
+    "StableDiffusionPipeline": "StableDiffusionImg2ImgPipeline or StableDiffusionInpaintPipeline",
+    "StableDiffusionXLPipeline": "StableDiffusionXLImg2ImgPipeline or StableDiffusionXLInpaintPipeline",
+}
+
+
+def input_problems(pipeline: str | None, uses: set[str], field_name: str) -> list[Problem]:
+    """Items that carry `uses` ("image", "mask") on a pipeline known not to take them."""
+    if pipeline is None or not uses:
+        return []
+    takes = INPUT_PIPELINES.get(pipeline)
+    if takes is None and pipeline in WITH_INPUTS:
+        return [(field_name, f"{pipeline} takes no input image; set model.pipeline to {WITH_INPUTS[pipeline]}")]
+    if takes is not None and "mask" in uses and "mask" not in takes:
+        return [(field_name, f"{pipeline} takes no mask; use an inpainting pipeline, or remove the masks")]
+    return []
+
+
+# -- schedulers --------------------------------------------------------------------------------
+
+# Every scheduler class of diffusers 0.42.1 (tests/unit/test_catalog.py compares).
+SCHEDULERS = frozenset({
+    "AmusedScheduler", "BlockRefinementScheduler", "CMStochasticIterativeScheduler", "CogVideoXDDIMScheduler",
+    "CogVideoXDPMScheduler", "CosineDPMSolverMultistepScheduler", "DDIMInverseScheduler", "DDIMParallelScheduler",
+    "DDIMScheduler", "DDPMParallelScheduler", "DDPMScheduler", "DDPMWuerstchenScheduler", "DEISMultistepScheduler",
+    "DPMSolverMultistepInverseScheduler", "DPMSolverMultistepScheduler", "DPMSolverSDEScheduler",
+    "DPMSolverSinglestepScheduler", "DiscreteDDIMScheduler", "EDMDPMSolverMultistepScheduler", "EDMEulerScheduler",
+    "EntropyBoundScheduler", "EulerAncestralDiscreteScheduler", "EulerDiscreteScheduler",
+    "FlowMapEulerDiscreteScheduler", "FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler",
+    "FlowMatchLCMScheduler", "HeliosDMDScheduler", "HeliosScheduler", "HeunDiscreteScheduler", "IPNDMScheduler",
+    "KDPM2AncestralDiscreteScheduler", "KDPM2DiscreteScheduler", "KarrasVeScheduler", "LCMScheduler",
+    "LMSDiscreteScheduler", "LTXEulerAncestralRFScheduler", "MiniMaxH3Scheduler", "PNDMScheduler",
+    "PiflowScheduler", "RFD4ProteinaScheduler", "RePaintScheduler", "SASolverScheduler", "SCMScheduler",
+    "ScoreSdeVeScheduler", "TCDScheduler", "UnCLIPScheduler", "UniPCMultistepScheduler", "VQDiffusionScheduler",
+})
+
+
+def scheduler_problems(name: str) -> list[Problem]:
+    if name in SCHEDULERS:
+        return []
+    close = sorted(s for s in SCHEDULERS if name.lower()[:5] in s.lower()) or sorted(SCHEDULERS)[:5]
+    return [("spec.generation.scheduler.name", f"diffusers has no scheduler {name!r}; e.g. {', '.join(close[:5])}")]
+
+
+# -- step caches -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CacheKind:
+    """One diffusers cache hook: its config class, the knobs we expose, and whether the ranks of
+    a context/tensor-parallel group would take the same decisions with it."""
+
+    config: str
+    options: dict[str, tuple[str, type]] = field(default_factory=dict)  # camelCase -> (config field, type)
+    parallel_safe: bool = True
+    why_not_parallel: str = ""
+
+
+CACHES: dict[str, CacheKind] = {
+    "FirstBlockCache": CacheKind(
+        "FirstBlockCacheConfig", {"threshold": ("threshold", float)}, parallel_safe=False,
+        why_not_parallel="it skips blocks from each rank's own share of the sequence, without the group agreeing"),
+    "TaylorSeer": CacheKind("TaylorSeerCacheConfig", {
+        "cacheInterval": ("cache_interval", int), "disableCacheBeforeStep": ("disable_cache_before_step", int),
+        "disableCacheAfterStep": ("disable_cache_after_step", int), "maxOrder": ("max_order", int)}),
+    "MagCache": CacheKind(
+        "MagCacheConfig", {"threshold": ("threshold", float), "maxSkipSteps": ("max_skip_steps", int),
+                           "retentionRatio": ("retention_ratio", float)}, parallel_safe=False,
+        why_not_parallel="it skips steps from each rank's own residuals, without the group agreeing"),
+    "FasterCache": CacheKind("FasterCacheConfig", {
+        "spatialAttentionBlockSkipRange": ("spatial_attention_block_skip_range", int),
+        "temporalAttentionBlockSkipRange": ("temporal_attention_block_skip_range", int),
+        "unconditionalBatchSkipRange": ("unconditional_batch_skip_range", int),
+        "isGuidanceDistilled": ("is_guidance_distilled", bool)}),
+    "PyramidAttentionBroadcast": CacheKind("PyramidAttentionBroadcastConfig", {
+        "spatialAttentionBlockSkipRange": ("spatial_attention_block_skip_range", int),
+        "temporalAttentionBlockSkipRange": ("temporal_attention_block_skip_range", int),
+        "crossAttentionBlockSkipRange": ("cross_attention_block_skip_range", int)}),
+}
+
+
+def cache_problems(kind: str, options: dict[str, object], strategy: str) -> list[Problem]:
+    cache = CACHES[kind]
+    out: list[Problem] = []
+    for name, value in options.items():
+        known = cache.options.get(name)
+        if known is None:
+            out.append((f"spec.generation.cache.options.{name}",
+                        f"{kind} has no option {name!r}; it takes {', '.join(cache.options) or 'none'}"))
+        elif not (isinstance(value, known[1]) or (known[1] is float and isinstance(value, int))) or (
+                known[1] is not bool and isinstance(value, bool)):
+            out.append((f"spec.generation.cache.options.{name}", f"must be a {known[1].__name__}, not {value!r}"))
+    if strategy in ("ContextParallel", "TensorParallel") and not cache.parallel_safe:
+        safe = ", ".join(k for k, c in CACHES.items() if c.parallel_safe)
+        out.append(("spec.generation.cache.type",
+                    f"{kind} cannot run in a {strategy} group: {cache.why_not_parallel}; use {safe}"))
+    return out
