@@ -171,8 +171,8 @@ class ContextParallel:
         cp = par.context_parallel or ContextParallelSpec()
         raise_first(catalog.context_parallel_problems(cp.ring_degree, cp.ulysses_degree, cp.attention_backend,
                                                       par.resolved_processes_per_node, gpu, par.nodes))
-        verdict = check_context_parallel(source, revision, gen.height, gen.width, gen.extra_args,
-                                         cp.ring_degree, cp.ulysses_degree, allow_uneven=gpu)
+        verdict = check_context_parallel(source, revision, gen, spec.model.pipeline, cp.ring_degree,
+                                         cp.ulysses_degree, allow_uneven=gpu)
         raise_first(verdict.problems)
         if verdict.uneven:
             log.warning("sequence lengths do not divide ring x ulysses %d: using diffusers' %s (uneven split, "

@@ -8,15 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from muralist_runtime.preflight import check_context_parallel
+from muralist_runtime.preflight import check_context_parallel, cp_split_inputs
+from muralist_runtime.spec.api import Generation
 from muralist_runtime.spec.sequence import (
     UNEVEN_RING,
     UNEVEN_ULYSSES,
     cp_problems,
     patch_size,
     sequence_lengths,
+    temporal_patch,
     text_tokens,
+    token_frames,
     vae_scale_factor,
+    vae_scales,
 )
 
 FLUX_VAE = {"_class_name": "AutoencoderKL", "block_out_channels": [128, 256, 512, 512]}
@@ -63,16 +67,72 @@ def test_heads_must_divide_by_ulysses() -> None:
     assert "24 attention heads" in verdict.problems[0][1]
 
 
+def model_dir(root: Path, transformer: dict, vae: dict, pipeline: str | None = None) -> Path:
+    for sub, cfg in (("transformer", transformer), ("vae", vae)):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "config.json").write_text(json.dumps(cfg))
+    if pipeline:
+        (root / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
+    return root
+
+
+def gen(height: int = 1024, width: int = 1024, **fields) -> Generation:
+    return Generation(height=height, width=width, **fields)
+
+
 def test_reads_local_configs(tmp_path: Path) -> None:
-    for sub, cfg in (("transformer", FLUX_TRANSFORMER), ("vae", FLUX_VAE)):
-        (tmp_path / sub).mkdir()
-        (tmp_path / sub / "config.json").write_text(json.dumps(cfg))
-    ok = check_context_parallel(str(tmp_path), None, 1024, 1024, {}, 1, 2)
+    model_dir(tmp_path, FLUX_TRANSFORMER, FLUX_VAE)
+    ok = check_context_parallel(str(tmp_path), None, gen(), None, 1, 2)
     assert ok.problems == [] and ok.uneven == ""
-    bad = check_context_parallel(str(tmp_path), None, 1024, 1024, {}, 1, 5)
+    bad = check_context_parallel(str(tmp_path), None, gen(), None, 1, 5)
     assert [f for f, _ in bad.problems] == ["spec.parallelism.contextParallel.ulyssesDegree"]
     # No transformer (a UNet pipeline): nothing to check here, check_model refuses it later.
-    assert check_context_parallel(str(tmp_path / "vae"), None, 64, 64, {}, 1, 2).problems == []
+    assert check_context_parallel(str(tmp_path / "vae"), None, gen(64, 64), None, 1, 2).problems == []
+
+
+# Wan 2.1's configs as the hub has them (heads 12 here, so that degree 3 divides them).
+WAN_VAE = {"_class_name": "AutoencoderKLWan", "temperal_downsample": [False, True, True], "z_dim": 16}
+WAN_TRANSFORMER = {"_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2], "num_attention_heads": 12}
+
+
+def test_wan_video_lengths() -> None:
+    assert vae_scales(WAN_VAE) == (8, 4)
+    assert vae_scales({**WAN_VAE, "scale_factor_spatial": 16}) == (16, 4), "Wan 2.2's VAE says so itself"
+    assert vae_scales(FLUX_VAE) == (8, 1)
+    assert vae_scales({"_class_name": "AutoencoderKLLTXVideo", "patch_size": 4, "patch_size_t": 1,
+                       "spatio_temporal_scaling": [True, True, True, False]}) == (32, 8)
+    assert temporal_patch(WAN_TRANSFORMER) == 1 and patch_size(WAN_TRANSFORMER) == 2
+    # 81 frames at 480 x 832: ((81 - 1) / 4 + 1) x (480 / 16) x (832 / 16) tokens.
+    lengths = sequence_lengths(480, 832, 8, 2, frames=token_frames(81, 4))
+    assert (lengths.latent_frames, lengths.latent_height, lengths.latent_width) == (21, 30, 52)
+    assert lengths.image_tokens == 32_760
+    assert token_frames(9, 4) == 3 and token_frames(17, 8, 1) == 3
+
+
+def test_cp_plans_say_which_sequences_are_split() -> None:
+    # Read from diffusers' classes: Flux splits the text tokens too, Wan only the video tokens.
+    assert {"hidden_states", "encoder_hidden_states"} <= cp_split_inputs("FluxTransformer2DModel")
+    wan = cp_split_inputs("WanTransformer3DModel")
+    assert "hidden_states" in wan and "encoder_hidden_states" not in wan
+    assert "encoder_hidden_states" in cp_split_inputs("LTXVideoTransformer3DModel")
+    assert cp_split_inputs("UNet2DConditionModel") is None and cp_split_inputs("NoSuchModel") is None
+
+
+def test_video_sequence_counts_frames_and_not_the_text(tmp_path: Path) -> None:
+    root = model_dir(tmp_path, WAN_TRANSFORMER, WAN_VAE, "WanPipeline")
+    # 16 x 16 pixels = 1 token per frame. numFrames unset: WanPipeline's default, 81 frames = 21.
+    default = check_context_parallel(str(root), None, gen(16, 16), None, 1, 2, allow_uneven=False)
+    assert default.problems[0][0] == "spec.generation.height"
+    assert default.problems[0][1].startswith("video sequence 21 x 1 x 1 = 21 tokens is not divisible by ringDegree "
+                                             "x ulyssesDegree 2; use height and width multiples of 32 (or another "
+                                             "numFrames)")
+    # 5 frames = 2 token frames: even. A text length of 15 is not, but Wan's plan does not split the text.
+    five = gen(16, 16, num_frames=5, extra_args={"max_sequence_length": 15})
+    assert check_context_parallel(str(root), None, five, None, 1, 2, allow_uneven=False).problems == []
+    flux = model_dir(tmp_path / "flux", FLUX_TRANSFORMER, FLUX_VAE, "FluxPipeline")
+    text = check_context_parallel(str(flux), None, gen(extra_args={"max_sequence_length": 15}), None, 1, 2,
+                                  allow_uneven=False)
+    assert [f for f, _ in text.problems] == ["spec.generation.extraArgs.max_sequence_length"]
 
 
 def test_preflight_and_the_spec_package_are_torch_free() -> None:
