@@ -5,7 +5,8 @@ operator would write, and starts one launcher agent per node of the spec with th
 contract's command and environment (torchrun is configured only through PET_* variables;
 several agents rendezvous on 127.0.0.1). A `promptsFrom` ConfigMap in the same file is served
 from a local file, as the pods get it mounted. While the agents run, one bar shows the whole
-job: the rank files of every agent, summed. Ctrl-C is forwarded to the agents; the exit code
+job: the rank files of every agent, summed. Inline prompts' input images are checked before
+anything starts. Ctrl-C is forwarded to the agents; the exit code
 is the runtime's (78 when permanent, read from the termination message because torchrun
 replaces its workers' exit codes).
 """
@@ -131,6 +132,16 @@ def runtime_spec(job: DiffusionJob, output: str | None, model: str | None, promp
     )
 
 
+def check_inputs(runtime: RuntimeSpec) -> None:
+    """The inline prompts' input images must be there before any weight loads (in pods, a
+    missing one fails its item only: the volume may be filled while the job waits)."""
+    from .inputs import missing_inline_inputs
+
+    problems = missing_inline_inputs(runtime)
+    if problems:
+        raise ValidationProblem(problems)
+
+
 def agent_commands(runtime: RuntimeSpec, spec_file: str, port: int, claims_port: int) -> list[tuple[list[str],
                                                                                               dict[str, str]]]:
     """One (argv, extra env) per node: each pod's container command, from the pod contract,
@@ -234,6 +245,7 @@ def run_local(args: argparse.Namespace) -> int:
             prompts = prompts_file_for(job, manifest, args.prompts_file, tmp)
             runtime = runtime_spec(job, args.output, args.model, prompts, getattr(args, "dataset_dir", None),
                                    getattr(args, "inputs_dir", None))
+            check_inputs(runtime)
         except ValidationProblem as e:
             for problem in e.problems:
                 print(problem, file=sys.stderr)

@@ -189,9 +189,10 @@ def set_up_world(job: Job, state: RunState) -> None:
                                        rank_file=progress.RankFile(directory, layout.rank))
 
 
-# 3. Load the pipeline, check that the model supports the layout, and parallelise it.
+# 3. Load the pipeline, check that the model supports the layout, apply the job's features
+# (adapters, scheduler, step cache), and parallelise it.
 def load(job: Job, state: RunState) -> Any:
-    from . import canary, pipeline, stage
+    from . import canary, features, pipeline, stage
 
     spec, world, timings = job.runtime.spec, state.world, state.timings
     start = time.perf_counter()
@@ -204,6 +205,8 @@ def load(job: Job, state: RunState) -> Any:
     job.strategy.check_model(pipe, job.plan)
     pipeline.check_call(pipe, spec)
     pipe = job.strategy.place(pipe, job.plan, world)
+    # Before the canary's reference and enable_parallelism (features.py says why).
+    features.apply_features(pipe, job.runtime)
     if spec.generation.vae_tiling and not pipeline.enable_vae_tiling(pipe):
         log.warning("generation.vaeTiling: this pipeline's VAE cannot tile; decoding whole")
     verify = spec.parallelism.verify and world.layout.group_size > 1
@@ -267,7 +270,9 @@ def merge_outputs(job: Job, state: RunState) -> None:
                                       lambda _done: progress.pending_ranks(progress.progress_dir(), timeout))
     state.timings["waitSeconds"] = time.perf_counter() - start
     spec = job.runtime.spec
-    caption = {"model": spec.model.name, "strategy": spec.parallelism.strategy}
+    caption = {"model": spec.model.name, "strategy": spec.parallelism.strategy,
+               "scheduler": spec.generation.scheduler.name if spec.generation.scheduler else None,
+               "adapters": [{"name": a.name, "scale": a.scale} for a in spec.model.adapters]}
     counts = merge.merge(state.jobfile.root, job.work.chunks, job.runtime.name, spec.output.gallery_page_size,
                          caption)
     state.jobfile.write(layout.describe(), state.timings, {"items": counts})

@@ -3,7 +3,9 @@
 Layout under the output directory (spec.output.layout):
 
     files:       images/<key>.<format> and images/<key>.json (metadata first, image last: an
-                 image on disk means its metadata is there too)
+                 image on disk means its metadata is there too); a video's poster frame
+                 images/<key>.poster.jpg, and image-conditioned items' input thumbnails
+                 images/<key>.input.jpg / .mask.jpg, for the gallery (written before the output)
     webdataset:  shards/shard-<chunk>.tar, members <key>.<format> + <key>.json per item
     both:        parts/chunk-<chunk>.jsonl, the manifest lines of one chunk, written once all
                  its items are on disk or failed: a chunk's part file is its "done" marker;
@@ -21,10 +23,11 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import shards
+from . import media, shards
 from .spec.items import Item
 from .spec.resolved import RuntimeSpec
 from .writer import atomic_write_bytes, atomic_write_text
@@ -35,6 +38,27 @@ PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 PNG_TEXT_FIELDS = ("prompt", "negativePrompt", "seed", "steps", "guidanceScale", "height",
                    "width", "model", "revision", "dtype")
 PARTS = "parts"
+
+
+@dataclass
+class Output:
+    """One item's result on its way to the writer threads: an image or a video, and its inputs."""
+
+    image: Any = None  # a PIL image (image pipelines)
+    frames: Any = None  # a (frames, height, width, 3) uint8 array (video pipelines)
+    inputs: dict[str, Any] = field(default_factory=dict)  # "image" / "mask" -> PIL, for the thumbnails
+
+    @property
+    def is_video(self) -> bool:
+        return self.frames is not None
+
+    def pixels(self) -> Any:
+        """The 8-bit pixels as int16, (H, W, 3) or (T, H, W, 3): what the canary compares."""
+        import numpy as np
+
+        if self.is_video:
+            return np.asarray(self.frames, dtype=np.int16)
+        return np.asarray(self.image.convert("RGB"), dtype=np.int16)
 
 
 def part_path(root: Path, chunk: int) -> Path:
@@ -89,7 +113,29 @@ def metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float) -> dic
         meta["inputMask"] = item.mask
     if item.strength is not None:
         meta["strength"] = item.strength
+    if gen.scheduler is not None:
+        meta["scheduler"] = gen.scheduler.name
+    if gen.cache is not None:
+        meta["cache"] = gen.cache.type
+    if spec.model.adapters:
+        meta["adapters"] = [{"name": a.name, "scale": a.scale} for a in spec.model.adapters]
     return meta
+
+
+def output_metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float, output: Output) -> dict[str, Any]:
+    """`metadata`, and for a video its kind, frame count, fps and encoding (media.video_info)."""
+    meta = metadata(runtime, item, rank, seconds)
+    if output.is_video:
+        fmt = runtime.spec.output.format
+        meta.update(kind="video", frames=len(output.frames), fps=runtime.spec.generation.fps, **media.video_info(fmt))
+    return meta
+
+
+def encode_output(output: Output, runtime: RuntimeSpec, meta: dict[str, Any]) -> bytes:
+    fmt = runtime.spec.output.format
+    if output.is_video:
+        return media.encode_video(output.frames, runtime.spec.generation.fps, fmt)
+    return encode_image(output.image, fmt, meta)
 
 
 def failed_entry(runtime: RuntimeSpec, item: Item, rank: int, reason: str) -> dict[str, Any]:
@@ -159,12 +205,24 @@ class FilesLayout:
     def begin_chunk(self, chunk: int, kept: dict[str, dict[str, Any]]) -> None:
         return None
 
-    def write(self, chunk: int, item: Item, image: Any, seconds: float) -> dict[str, Any]:
-        """On a writer thread: metadata first, then the image, both atomically."""
-        meta = metadata(self.runtime, item, self.rank, seconds)
+    def write(self, chunk: int, item: Item, output: Output, seconds: float) -> dict[str, Any]:
+        """On a writer thread: metadata first, then the gallery's stills, the output last, each atomically."""
+        from .inputs import thumbnail_jpeg
+
+        meta = output_metadata(self.runtime, item, self.rank, seconds, output)
         meta["file"] = f"images/{item.key}.{self.ext}"
+        stills: dict[str, Any] = {}
+        if output.is_video:
+            stills["poster"] = media.poster_frame(output.frames)
+        for field_name, image in output.inputs.items():
+            stills["input" if field_name == "image" else field_name] = image
+        for name in stills:
+            meta[name] = f"images/{item.key}.{name}.jpg"
         atomic_write_text(self.meta_path(item), json.dumps(meta, indent=2) + "\n")
-        atomic_write_bytes(self.image_path(item), encode_image(image, self.ext, meta))
+        for name, image in stills.items():
+            data = encode_image(image, "jpeg", meta) if name == "poster" else thumbnail_jpeg(image)
+            atomic_write_bytes(self.images / f"{item.key}.{name}.jpg", data)
+        atomic_write_bytes(self.image_path(item), encode_output(output, self.runtime, meta))
         meta["status"] = "rendered"
         return meta
 
@@ -217,11 +275,12 @@ class WebDatasetLayout:
             writer.add(key, members)
         self._open[chunk] = writer
 
-    def write(self, chunk: int, item: Item, image: Any, seconds: float) -> tuple[dict[str, Any], dict[str, bytes]]:
+    def write(self, chunk: int, item: Item, output: Output,
+              seconds: float) -> tuple[dict[str, Any], dict[str, bytes]]:
         """On a writer thread: encode only; `add` puts the members in the shard, in order."""
-        meta = metadata(self.runtime, item, self.rank, seconds)
+        meta = output_metadata(self.runtime, item, self.rank, seconds, output)
         meta["shard"] = f"shards/{shards.shard_path(self.shards, chunk).name}"
-        data = encode_image(image, self.ext, meta)
+        data = encode_output(output, self.runtime, meta)
         return meta, {self.ext: data, "json": (json.dumps(meta, sort_keys=True) + "\n").encode()}
 
     def add(self, chunk: int, item: Item, result: tuple[dict[str, Any], dict[str, bytes]]) -> dict[str, Any]:

@@ -45,9 +45,9 @@ def resolve_model(runtime: RuntimeSpec) -> tuple[str, str | None]:
     if runtime.model_path:
         return runtime.model_path, None
     if model.name in TINY_MODEL_NAMES:
-        from .tiny import build_tiny_pipeline
+        from .tiny import build_tiny
 
-        return str(build_tiny_pipeline(tiny_cache_dir(model.name))), None
+        return str(build_tiny(model.name, tiny_cache_dir(model.name))), None
     if model.name.startswith("/") and not Path(model.name).is_dir():
         raise PermanentFailure("spec.model.name", f"{model.name} is not a directory in the pod")
     return model.name, model.revision
@@ -86,39 +86,109 @@ def load_pipeline(runtime: RuntimeSpec, source: str, revision: str | None, **kwa
     return pipe
 
 
+def call_parameters(pipe: Any) -> Any:
+    return inspect.signature(pipe.__call__).parameters
+
+
+def renders_video(pipe: Any) -> bool:
+    """Video pipelines take num_frames (Wan, LTX, ...) and return `.frames`."""
+    return "num_frames" in call_parameters(pipe)
+
+
+def needs_image(pipe: Any) -> bool:
+    """Pipelines whose `image` has no default (image-to-video) cannot render an item without one."""
+    param = call_parameters(pipe).get("image")
+    return param is not None and param.default is inspect.Parameter.empty
+
+
 def check_call(pipe: Any, spec: Any) -> None:
-    """Refuse, before generating, what the pipeline cannot take (every rank checks alike)."""
-    accepted = inspect.signature(pipe.__call__).parameters
+    """Refuse, before generating, what the pipeline cannot take (every rank checks alike).
+
+    Admission checks the pipelines it knows by name; this checks the loaded one, whatever it is.
+    """
+    from .spec.workloads import IMAGE_FORMATS, VIDEO_FORMATS
+
+    accepted = call_parameters(pipe)
+    name = type(pipe).__name__
+    dataset = spec.dataset is not None
     negative = any(p.negative_prompt for p in spec.prompt_objects) or (
-        spec.dataset is not None and spec.dataset.columns.negative_prompt is not None)
+        dataset and spec.dataset.columns.negative_prompt is not None)
     if negative and "negative_prompt" not in accepted:
-        field = "spec.dataset.columns.negativePrompt" if spec.dataset is not None else "spec.prompts"
-        raise PermanentFailure(field, f"{type(pipe).__name__} takes no negative prompt; remove negativePrompt")
+        field = "spec.dataset.columns.negativePrompt" if dataset else "spec.prompts"
+        raise PermanentFailure(field, f"{name} takes no negative prompt; remove negativePrompt")
+    fmt = spec.output.format
+    if renders_video(pipe):
+        if fmt not in VIDEO_FORMATS:
+            raise PermanentFailure("spec.output.format",
+                                   f"{name} renders videos; use mp4 (H.264), webp (animated) or gif")
+    elif fmt not in IMAGE_FORMATS:
+        raise PermanentFailure("spec.output.format", f"{name} renders images; use png, jpeg or webp")
+    elif spec.generation.num_frames is not None:
+        raise PermanentFailure("spec.generation.numFrames", f"{name} renders images, not videos; remove numFrames")
+    for use, param in (("image", "image"), ("mask", "mask_image")):
+        named = (getattr(spec.dataset.columns, use) is not None if dataset
+                 else any(getattr(p, use) for p in spec.prompt_objects))
+        if named and param not in accepted:
+            field = f"spec.dataset.columns.{use}" if dataset else "spec.prompts"
+            raise PermanentFailure(field, f"{name} takes no input {use}; set model.pipeline to an image-conditioned "
+                                   "pipeline, or remove the inputs")
 
 
-def call_kwargs(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item],
-                steps: int | None = None, seed_offset: int = 0) -> dict[str, Any]:
-    """The pipeline call for one batch: one CPU generator per image, seeded by the task.
+def call_kwargs(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], steps: int | None = None,
+                seed_offset: int = 0, inputs: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The pipeline call for one batch: one CPU generator per output, seeded by the item.
 
     CPU generators make the initial noise identical on every device and world size.
-    `steps` and `seed_offset` are for the canary and warm-up calls, never for job images.
+    `steps` and `seed_offset` are for the canary and warm-up calls, never for job outputs.
+    `inputs`: each item's loaded input images (inputs.load_inputs), passed as `image` and
+    `mask_image`; the items of one call share their strength (render_checked groups them).
     """
     import torch
 
     gen = runtime.spec.generation
+    accepted = call_parameters(pipe)
     kwargs: dict[str, Any] = {
         "prompt": [t.prompt for t in batch],
         "num_inference_steps": steps or gen.steps,
         "guidance_scale": gen.guidance_scale,
+        # Image-conditioned pipelines too: Flux img2img and inpaint would otherwise render at
+        # the input image's size.
         "height": gen.height,
         "width": gen.width,
-        "num_images_per_prompt": 1,
         "generator": [torch.Generator("cpu").manual_seed(t.seed + seed_offset) for t in batch],
     }
+    per_prompt = "num_videos_per_prompt" if "num_videos_per_prompt" in accepted else "num_images_per_prompt"
+    kwargs[per_prompt] = 1
     if any(t.negative_prompt for t in batch):
         kwargs["negative_prompt"] = [t.negative_prompt or "" for t in batch]
+    if gen.num_frames is not None and "num_frames" in accepted:
+        kwargs["num_frames"] = gen.num_frames
+    kwargs.update(_input_kwargs(accepted, runtime, batch, inputs or [{} for _ in batch]))
     kwargs.update(gen.extra_args)
     return kwargs
+
+
+def _input_kwargs(accepted: Any, runtime: RuntimeSpec, batch: Sequence[Item],
+                  inputs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    gen = runtime.spec.generation
+    kontext = "_auto_resize" in accepted
+    out: dict[str, Any] = {}
+    if kontext:
+        # FluxKontextPipeline otherwise picks a ~1024^2 resolution of its own whatever height
+        # and width say: minutes per image where the job asked for seconds.
+        out.update(_auto_resize=False, max_area=gen.height * gen.width)
+    for field, param in (("image", "image"), ("mask", "mask_image")):
+        images = [loaded.get(field) for loaded in inputs]
+        if all(image is None for image in images):
+            continue
+        if kontext and field == "image":
+            # Kontext conditions on the image at its own size (with _auto_resize off): at the
+            # job's size its tokens, and so a context-parallel split, are known in advance.
+            images = [image.resize((gen.width, gen.height)) for image in images]
+        out[param] = images[0] if len(images) == 1 else images  # WanImageToVideoPipeline takes no list
+    if batch and batch[0].strength is not None and "strength" in accepted:
+        out["strength"] = batch[0].strength
+    return out
 
 
 StepHook = Callable[[], None]
@@ -145,40 +215,88 @@ def step_callback(pipe: Any, on_step: StepHook | None) -> dict[str, Any]:
 def render(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item],
            on_step: StepHook | None = None, steps: int | None = None,
            seed_offset: int = 0) -> list[Any]:
-    """One pipeline call; the outputs as PIL images (the canary and the warm-up use this)."""
-    return [image for image, _ in render_checked(pipe, runtime, batch, on_step, steps, seed_offset)]
+    """Each item's outputs.Output, or None where it failed (the canary and the warm-up use this)."""
+    return [output for output, _ in render_checked(pipe, runtime, batch, on_step, steps, seed_offset)]
+
+
+Checked = tuple[Any, str | None]  # (outputs.Output, None), or (None, why the item failed)
 
 
 def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_step: StepHook | None = None,
-                   steps: int | None = None, seed_offset: int = 0) -> list[tuple[Any, str | None]]:
-    """One pipeline call; each output as (PIL image, None), or (None, why it is unusable).
+                   steps: int | None = None, seed_offset: int = 0) -> list[Checked]:
+    """Render a batch: each item's (outputs.Output, None), or (None, why it cannot be used).
+
+    An item fails on its own when its inputs cannot be read (inputs.InputError, naming the
+    field and the path) or its output has NaN values. Items of different strengths go in
+    separate calls (a pipeline takes one strength per call).
+    """
+    from .inputs import InputError, load_inputs
+
+    loaded: dict[str, dict[str, Any]] = {}
+    results: dict[str, Checked] = {}
+    needs = needs_image(pipe)
+    for item in batch:
+        try:
+            loaded[item.key] = load_inputs(runtime, item)
+        except InputError as e:
+            results[item.key] = (None, str(e))
+            continue
+        if needs and "image" not in loaded[item.key]:
+            results[item.key] = (None, f"{type(pipe).__name__} needs an input image, and this item has none")
+    for group in _call_groups([item for item in batch if item.key not in results]):
+        outputs = _call(pipe, runtime, group, [loaded[i.key] for i in group], on_step, steps, seed_offset)
+        results.update({item.key: result for item, result in zip(group, outputs, strict=True)})
+    return [results[item.key] for item in batch]
+
+
+def _call_groups(items: Sequence[Item]) -> list[list[Item]]:
+    """Consecutive items that one call can take: those of the same strength."""
+    groups: list[list[Item]] = []
+    for item in items:
+        if groups and groups[-1][0].strength == item.strength:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
+def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequence[dict[str, Any]],
+          on_step: StepHook | None, steps: int | None, seed_offset: int) -> list[Checked]:
+    """One pipeline call.
 
     The pipeline returns floats (output_type "np") so that a diverged sample (NaN) is caught
-    instead of written as a black image; the conversion to 8 bits is the pipeline's own.
+    instead of written as a black image; images are converted to 8 bits by the pipeline's own
+    numpy_to_pil, video frames with the same rounding (media.frames_to_uint8).
     """
     import numpy as np
     import torch
 
     from .knobs import nan_rows
+    from .media import frames_to_uint8
+    from .outputs import Output
 
-    kwargs = call_kwargs(pipe, runtime, batch, steps, seed_offset)
+    kwargs = call_kwargs(pipe, runtime, batch, steps, seed_offset, inputs)
     kwargs.update(step_callback(pipe, on_step))
-    as_numpy = "output_type" in inspect.signature(pipe.__call__).parameters
+    as_numpy = "output_type" in call_parameters(pipe)
     if as_numpy:
         kwargs["output_type"] = "np"
+    video = renders_video(pipe)
     with torch.inference_mode():
-        images = pipe(**kwargs).images
+        result = pipe(**kwargs)
+    arrays = result.frames if video else result.images
     if not as_numpy:
-        return [(image, None) for image in images]
+        return [(Output(frames=frames_to_uint8(a)) if video else Output(image=a), None) for a in arrays]
     poisoned = nan_rows()
-    out: list[tuple[Any, str | None]] = []
-    for item, array in zip(batch, images, strict=True):
+    out: list[Checked] = []
+    for item, array, given in zip(batch, arrays, inputs, strict=True):
         if item.row in poisoned:
             array = np.full_like(array, np.nan)
         if not np.isfinite(array).all():
             out.append((None, "the output has NaN or infinite values (the sampler diverged)"))
+        elif video:
+            out.append((Output(frames=frames_to_uint8(array), inputs=given), None))
         else:
-            out.append((pipe.numpy_to_pil(array[None])[0], None))
+            out.append((Output(image=pipe.numpy_to_pil(array[None])[0], inputs=given), None))
     return out
 
 

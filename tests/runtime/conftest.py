@@ -54,11 +54,15 @@ def make_job() -> RuntimeJobBuilder:
     return RuntimeJobBuilder()
 
 
-def runtime_spec_json(job: dict[str, Any], output: Path, model_path: Path | None = None) -> str:
-    """The RuntimeSpec JSON the operator (or `muralist run`) would write."""
+def runtime_spec_json(job: dict[str, Any], output: Path, model_path: Path | None = None,
+                      inputs: Path | None = None) -> str:
+    """The RuntimeSpec JSON the operator (or `muralist run`) would write; `inputs`: where
+    spec.inputs.volume is mounted."""
     doc = {"name": "t", "spec": job, "outputDir": str(output)}
     if model_path is not None:
         doc["modelPath"] = str(model_path)
+    if inputs is not None:
+        doc["inputsDir"] = str(inputs)
     return RuntimeSpec.model_validate(doc).model_dump_json(by_alias=True, exclude_none=True)
 
 
@@ -70,8 +74,24 @@ class Run:
     output: Path
     termination: dict[str, Any] = field(default_factory=dict)
 
-    def images(self) -> dict[str, bytes]:
-        return {p.name: p.read_bytes() for p in sorted((self.output / "images").glob("*.png"))}
+    def images(self, ext: str = "png") -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted((self.output / "images").glob(f"*.{ext}"))
+                if p.stem.count(".") == 0}  # not the gallery's <key>.poster.jpg / .input.jpg
+
+    def pixels(self, key: str, ext: str = "png") -> Any:
+        """An output's pixels as int16: an image (H, W, 3), or a video's decoded frames (T, H, W, 3)."""
+        import numpy as np
+        from muralist_runtime import media
+        from PIL import Image
+
+        path = self.output / "images" / f"{key}.{ext}"
+        meta = self.meta(key)
+        if meta["kind"] == "video":
+            return media.decode_video(path.read_bytes(), ext, fps=meta["fps"]).astype(np.int16)
+        return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
+
+    def meta(self, key: str) -> dict[str, Any]:
+        return json.loads((self.output / "images" / f"{key}.json").read_text())
 
     def manifest(self) -> list[dict[str, Any]]:
         path = self.output / "manifest.jsonl"
@@ -98,21 +118,78 @@ def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="session")
-def tiny_model(runtime_env: dict[str, str]) -> Path:
-    """Built once, where `muralist/tiny-flux` resolves in spawned processes (MURALIST_CACHE)."""
+def build_tiny_in_cache(name: str, runtime_env: dict[str, str]) -> Path:
+    """Build a tiny model once, where `name` resolves in spawned processes (MURALIST_CACHE)."""
     from muralist_runtime.pipeline import tiny_cache_dir
-    from muralist_runtime.tiny import build_tiny_pipeline
+    from muralist_runtime.tiny import build_tiny
 
     old = os.environ.get(contract.MURALIST_CACHE)
     os.environ[contract.MURALIST_CACHE] = runtime_env[contract.MURALIST_CACHE]
     try:
-        return build_tiny_pipeline(tiny_cache_dir("muralist/tiny-flux"))
+        return build_tiny(name, tiny_cache_dir(name))
     finally:
         if old is None:
             os.environ.pop(contract.MURALIST_CACHE)
         else:
             os.environ[contract.MURALIST_CACHE] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_model(runtime_env: dict[str, str]) -> Path:
+    """The tiny Flux, where `muralist/tiny-flux` resolves in spawned processes."""
+    return build_tiny_in_cache("muralist/tiny-flux", runtime_env)
+
+
+@pytest.fixture(scope="session")
+def tiny_wan(runtime_env: dict[str, str]) -> Path:
+    """The tiny Wan text-to-video pipeline, where `muralist/tiny-wan` resolves."""
+    return build_tiny_in_cache("muralist/tiny-wan", runtime_env)
+
+
+@pytest.fixture(scope="session")
+def tiny_lora(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """A random LoRA for the tiny Flux (a folder with pytorch_lora_weights.safetensors)."""
+    from muralist_runtime.tiny import build_tiny_lora
+
+    return build_tiny_lora(tiny_model, tmp_path_factory.mktemp("lora") / "tiny-lora")
+
+
+@pytest.fixture(scope="session")
+def inputs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An inputs volume: photos of other sizes than the jobs', and an inpainting mask."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("inputs")
+    (root / "photos").mkdir()
+    noise = np.random.default_rng(0).integers(0, 256, (48, 40, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(root / "photos" / "noise.png")
+    Image.new("RGB", (64, 64), (200, 40, 40)).save(root / "photos" / "red.jpg", quality=95)
+    mask = Image.new("L", (40, 48), 0)
+    mask.paste(255, (8, 8, 32, 40))  # white = repaint
+    mask.save(root / "photos" / "mask.png")
+    (root / "photos" / "broken.png").write_bytes(b"not an image")
+    return root
+
+
+def render_in_process(job: dict[str, Any], model: Path, inputs: Path | None = None) -> dict[str, Any]:
+    """The job's outputs rendered by the runtime's own functions in this process, one thread,
+    no torchrun: {key: outputs.Output or the reason it failed}. What 'one process' renders."""
+    import torch
+    from muralist_runtime import features, pipeline, rows
+
+    torch.set_num_threads(1)  # like every spawned rank (OMP_NUM_THREADS=1)
+    runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused",
+                                          "inputsDir": str(inputs) if inputs else None})
+    pipe = pipeline.load_pipeline(runtime, str(model), None)
+    features.apply_features(pipe, runtime)
+    source = rows.open_rows(runtime)
+    items = rows.items_of(source.rows(0, source.count()), runtime.spec.generation)
+    out = {}
+    for item in items:
+        output, reason = pipeline.render_checked(pipe, runtime, [item])[0]
+        out[item.key] = output if output is not None else reason
+    return out
 
 
 def _termination(path: Path) -> dict[str, Any]:

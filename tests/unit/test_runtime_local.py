@@ -153,3 +153,19 @@ def test_exit_code_from_termination_message(tmp_path: Path, codes, doc, expected
     if doc is not None:
         path.write_text(json.dumps(doc))
     assert local.verdict(codes, path) == expected
+
+
+def test_missing_inline_inputs_are_refused_before_anything_starts(tmp_path: Path, capsys, monkeypatch) -> None:
+    (tmp_path / "in" / "photos").mkdir(parents=True)
+    (tmp_path / "in" / "photos" / "a.png").write_bytes(b"any bytes: only the file's presence is checked here")
+    path = write(tmp_path, {
+        "model": {"name": "muralist/tiny-flux", "pipeline": "FluxInpaintPipeline"},
+        "inputs": {"volume": {"hostPath": {"path": str(tmp_path / "in")}}},
+        "prompts": [{"text": "a", "image": "photos/a.png"}, "b",
+                    {"text": "c", "image": "photos/x.png", "mask": "masks/m.png"}],
+    })
+    monkeypatch.setattr(local, "_start_agents", lambda *a: pytest.fail("started agents"))
+    assert local.run_local(args(path, output=str(tmp_path / "out"))) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"spec.prompts[2].image: 'photos/x.png' not found in spec.inputs.volume ({tmp_path / 'in'})",
+                   f"spec.prompts[2].mask: 'masks/m.png' not found in spec.inputs.volume ({tmp_path / 'in'})"]

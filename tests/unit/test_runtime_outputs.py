@@ -38,7 +38,7 @@ def files(tmp_path: Path) -> outputs.FilesLayout:
     return layout
 
 
-IMG = Image.new("RGB", (4, 4), (10, 20, 30))
+IMG = outputs.Output(image=Image.new("RGB", (4, 4), (10, 20, 30)))
 
 
 def test_files_layout_and_metadata(files: outputs.FilesLayout) -> None:
@@ -97,6 +97,66 @@ def test_other_formats(tmp_path: Path, fmt: str) -> None:
     layout.write(0, item, IMG, 0.0)
     assert layout.image_path(item).suffix == f".{fmt}"
     assert Image.open(layout.image_path(item)).format == {"jpeg": "JPEG", "webp": "WEBP"}[fmt]
+
+
+def video_runtime(out: Path, fmt: str = "mp4", layout: str = "files") -> RuntimeSpec:
+    return RuntimeSpec.model_validate({
+        "name": "v", "outputDir": str(out),
+        "spec": {"model": {"name": "muralist/tiny-wan", "dtype": "float32"}, "prompts": ["a fox"],
+                 "generation": {"steps": 2, "height": 16, "width": 16, "numFrames": 5, "fps": 8},
+                 "output": {"format": fmt, "layout": layout}},
+    })
+
+
+def clip(frames: int = 5) -> outputs.Output:
+    import numpy as np
+
+    ramp = np.linspace(0, 255, frames * 16 * 16 * 3).reshape(frames, 16, 16, 3).astype(np.uint8)
+    return outputs.Output(frames=ramp)
+
+
+@pytest.mark.parametrize("fmt", ["mp4", "webp", "gif"])
+def test_video_files_with_poster_and_metadata(tmp_path: Path, fmt: str) -> None:
+    from muralist_runtime import media
+
+    layout = outputs.FilesLayout(video_runtime(tmp_path, fmt), rank=0)
+    layout.prepare()
+    item = all_items(layout.runtime)[0]
+    entry = layout.write(0, item, clip(), 0.3)
+    meta = json.loads(layout.meta_path(item).read_text())
+    assert {k: meta[k] for k in ("kind", "frames", "fps", "file", "poster")} == {
+        "kind": "video", "frames": 5, "fps": 8, "file": f"images/00000-000.{fmt}",
+        "poster": "images/00000-000.poster.jpg"}
+    assert {k: meta[k] for k in ("codec", "container", "pixelFormat")} == media.video_info(fmt)
+    assert entry["status"] == "rendered"
+    frames = media.decode_video(layout.image_path(item).read_bytes(), fmt, fps=8)
+    assert frames.shape == (5, 16, 16, 3)
+    assert Image.open(tmp_path / "images" / "00000-000.poster.jpg").size == (16, 16)
+    assert layout.item_done(item)
+
+
+def test_video_in_a_webdataset_shard(tmp_path: Path) -> None:
+    spec = video_runtime(tmp_path, layout="webdataset")
+    layout = outputs.WebDatasetLayout(spec, rank=0)
+    layout.prepare()
+    item = all_items(spec)[0]
+    layout.begin_chunk(0, {})
+    meta = layout.add(0, item, layout.write(0, item, clip(), 0.1))
+    layout.end_chunk(0)
+    assert meta["kind"] == "video" and meta["codec"] == "h264"
+    [(key, members)] = shards.read_shard(tmp_path / "shards" / "shard-000000.tar")
+    assert key == "00000-000" and sorted(members) == ["json", "mp4"]
+
+
+def test_input_thumbnails_beside_the_output(files: outputs.FilesLayout) -> None:
+    item = all_items(files.runtime)[0]
+    photo = Image.new("RGB", (640, 320), (200, 10, 10))
+    mask = Image.new("L", (640, 320), 255)
+    meta = files.write(0, item, outputs.Output(image=IMG.image, inputs={"image": photo, "mask": mask}), 0.1)
+    assert (meta["input"], meta["mask"]) == ("images/00000-000.input.jpg", "images/00000-000.mask.jpg")
+    thumb = Image.open(files.root / meta["input"])
+    assert thumb.size == (256, 128) and Image.open(files.root / meta["mask"]).mode == "L"
+    assert json.loads(files.meta_path(item).read_text())["input"] == meta["input"]
 
 
 def test_webdataset_shard_per_chunk_and_a_retry_keeps_what_it_had(tmp_path: Path) -> None:

@@ -1,0 +1,191 @@
+"""Workloads under real torchrun (CPU, gloo): videos, image-conditioned jobs, LoRA adapters,
+a scheduler and a step cache. Each compares a parallel layout with one process.
+
+"One process" is either a 1-process torchrun run, or the runtime's own render functions in
+this process (conftest.render_in_process, one thread like every spawned rank): spawning
+costs seconds on a busy 2-core box, so only the video reference is a real run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from .conftest import Run, make_job, render_in_process, runtime_spec_json, torchrun
+
+pytestmark = pytest.mark.torchrun
+
+REPO = Path(__file__).resolve().parents[2]
+VIDEO_EXAMPLE = REPO / "examples" / "quickstart-video-cpu.yaml"
+VIDEO_KEYS = ["00000-000", "00001-000", "00002-000", "00003-000"]
+
+
+def max_diff(a: Any, b: Any) -> int:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max())
+
+
+# -- video ---------------------------------------------------------------------------------------
+
+
+def video_job(**parallelism: Any) -> dict[str, Any]:
+    """The video quickstart's spec with another parallelism section."""
+    spec = yaml.safe_load(VIDEO_EXAMPLE.read_text())["spec"]
+    spec["parallelism"] = {"strategy": "DataParallel", "gpusPerNode": 0, **parallelism}
+    return spec
+
+
+@pytest.fixture(scope="module")
+def video_reference(tmp_path_factory: pytest.TempPathFactory, runtime_env, tiny_wan) -> Run:
+    out = tmp_path_factory.mktemp("video") / "one"
+    run = torchrun(runtime_spec_json(video_job(processesPerNode=1), out), out, runtime_env, 1)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_video_quickstart_renders_the_one_process_clips_on_two_processes(tmp_path: Path, runtime_env,
+                                                                          video_reference: Run) -> None:
+    import av
+
+    out = tmp_path / "quickstart-video"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "muralist_cli", "run", str(VIDEO_EXAMPLE), "--output", str(out)],
+                          env=runtime_env, capture_output=True, text=True, timeout=240)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = Run(0, proc.stdout, proc.stderr, out)
+    assert [m["key"] for m in run.manifest()] == VIDEO_KEYS
+    assert {m["rank"] for m in run.manifest()} == {0, 1}, "both data-parallel ranks rendered"
+    for key in VIDEO_KEYS:
+        with av.open(str(out / "images" / f"{key}.mp4")) as container:
+            stream = container.streams.video[0]
+            assert (stream.codec_context.name, stream.codec_context.pix_fmt) == ("h264", "yuv420p")
+            assert sum(1 for _ in container.decode(video=0)) == 17
+        meta = run.meta(key)
+        assert (meta["kind"], meta["frames"], meta["fps"], meta["codec"], meta["container"]) == (
+            "video", 17, 8, "h264", "mp4")
+        assert (out / meta["poster"]).is_file()
+        assert max_diff(run.pixels(key, "mp4"), video_reference.pixels(key, "mp4")) <= 1
+    assert run.images("mp4") == video_reference.images("mp4"), "deterministic encoder: the same files"
+    gallery = (out / "index.html").read_text()
+    assert '<video src="images/00000-000.mp4" poster="images/00000-000.poster.jpg"' in gallery
+    print(f"video quickstart: {elapsed:.1f}s")
+    assert elapsed < 60
+
+
+def test_video_with_ulysses_2_in_two_groups_matches_one_process(tmp_path: Path, runtime_env,
+                                                               video_reference: Run) -> None:
+    # World 4 = DP 2 x Ulysses 2, with the consistency canary comparing whole clips first.
+    out = tmp_path / "cp"
+    job = video_job(strategy="ContextParallel", processesPerNode=4, contextParallel={"ulyssesDegree": 2},
+                    verify=True)
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 4)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "verify (group 0): max 0/255" in run.stderr and "verify (group 1): max 0/255" in run.stderr
+    assert [m["key"] for m in run.manifest()] == VIDEO_KEYS
+    assert {m["rank"] for m in run.manifest()} <= {0, 2}, "each group's first rank writes"
+    for key in VIDEO_KEYS:
+        assert max_diff(run.pixels(key, "mp4"), video_reference.pixels(key, "mp4")) <= 1
+
+
+# -- image-conditioned jobs on the tiny Flux -----------------------------------------------------
+
+EDIT_PROMPTS: dict[str, list[Any]] = {
+    "FluxImg2ImgPipeline": [
+        {"text": "a red fox", "image": "photos/noise.png", "strength": 0.7},
+        {"text": "a robot in a garden", "image": "photos/red.jpg", "seed": 42},
+        {"text": "a cat", "image": "photos/missing.png"},
+        {"text": "a dog", "image": "photos/broken.png"},
+    ],
+    "FluxInpaintPipeline": [
+        {"text": "a red fox", "image": "photos/noise.png", "mask": "photos/mask.png"},
+        {"text": "a boat", "image": "photos/red.jpg", "mask": "photos/mask.png", "strength": 0.9},
+    ],
+    "FluxKontextPipeline": [
+        {"text": "make it blue", "image": "photos/noise.png"},
+        {"text": "a castle at night", "image": "photos/red.jpg"},
+    ],
+}
+
+
+def edit_job(pipeline: str, inputs: Path) -> dict[str, Any]:
+    job = make_job().prompts(*EDIT_PROMPTS[pipeline]).processes(2).obj()
+    job["model"]["pipeline"] = pipeline
+    job["inputs"] = {"volume": {"hostPath": {"path": str(inputs)}}}
+    return job
+
+
+@pytest.mark.parametrize("pipeline", list(EDIT_PROMPTS))
+def test_image_conditioned_jobs_do_not_depend_on_the_layout(pipeline: str, tmp_path: Path, runtime_env, tiny_model,
+                                                            inputs_dir: Path) -> None:
+    out = tmp_path / "edit"
+    job = edit_job(pipeline, inputs_dir)
+    run = torchrun(runtime_spec_json(job, out, inputs=inputs_dir), out, runtime_env, 2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    one = render_in_process(job, tiny_model, inputs_dir)
+    manifest = {m["key"]: m for m in run.manifest()}
+    assert list(manifest) == list(one)
+    for key, expected in one.items():
+        if isinstance(expected, str):  # failed in both
+            assert manifest[key]["status"] == "failed" and manifest[key]["error"] == expected
+            continue
+        assert manifest[key]["status"] == "rendered"
+        assert run.pixels(key).shape == (32, 32, 3), "the job's size, not the input's"
+        assert max_diff(run.pixels(key), expected.pixels()) <= 1
+        assert (out / manifest[key]["input"]).is_file()
+        assert ("mask" in manifest[key]) == (pipeline == "FluxInpaintPipeline")
+    if pipeline == "FluxImg2ImgPipeline":
+        # A missing or unreadable input fails its item alone, with the field and the path.
+        assert manifest["00002-000"]["error"] == "image 'photos/missing.png' not found in spec.inputs.volume"
+        assert manifest["00003-000"]["error"].startswith("image 'photos/broken.png' is not a readable image")
+        assert json.loads((out / "job.json").read_text())["items"] == {"rendered": 2, "failed": 2}
+        assert "Traceback" not in run.stderr
+        assert manifest["00000-000"]["strength"] == 0.7 and manifest["00000-000"]["inputImage"] == "photos/noise.png"
+
+
+# -- LoRA adapters, scheduler, step cache --------------------------------------------------------
+
+
+def test_lora_changes_the_output_and_two_layouts_agree(tmp_path: Path, runtime_env, reference: Run,
+                                                       tiny_model: Path, tiny_lora: Path) -> None:
+    out = tmp_path / "lora"
+    job = make_job().processes(2).obj()
+    job["model"]["adapters"] = [{"name": str(tiny_lora), "scale": 1.0}]
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    one = render_in_process(job, tiny_model)
+    for key in one:
+        assert max_diff(run.pixels(key), reference.pixels(key)) > 20, "the adapter changes the image"
+        assert max_diff(run.pixels(key), one[key].pixels()) <= 1
+    assert run.meta("00000-000")["adapters"] == [{"name": str(tiny_lora), "scale": 1.0}]
+    assert f"adapter <b>{tiny_lora}</b> &times;1.0" in (out / "index.html").read_text()
+
+
+def test_scheduler_and_taylorseer_cache_under_ulysses_2_match_one_process(tmp_path: Path, runtime_env,
+                                                                         tiny_model: Path) -> None:
+    # The cache is enabled before enable_parallelism; TaylorSeer is safe in a CP group.
+    out = tmp_path / "cache"
+    job = make_job().processes(2).context_parallel(ulysses=2).generation(steps=6).obj()
+    job["generation"]["scheduler"] = {"name": "FlowMatchEulerDiscreteScheduler", "config": {"shift": 2.0}}
+    job["generation"]["cache"] = {"type": "TaylorSeer", "options": {"cacheInterval": 2, "disableCacheBeforeStep": 2}}
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "step cache TaylorSeer on FluxTransformer2DModel" in run.stderr
+    assert "scheduler FlowMatchEulerDiscreteScheduler {'shift': 2.0}" in run.stderr
+    one = render_in_process(job, tiny_model)
+    plain = render_in_process({**job, "generation": {k: v for k, v in job["generation"].items()
+                                                     if k not in ("scheduler", "cache")}}, tiny_model)
+    for key in one:
+        assert max_diff(run.pixels(key), one[key].pixels()) <= 1
+        assert max_diff(run.pixels(key), plain[key].pixels()) > 0, "the scheduler and the cache change the image"
+    meta = run.meta("00000-000")
+    assert (meta["scheduler"], meta["cache"]) == ("FlowMatchEulerDiscreteScheduler", "TaylorSeer")
+    assert "scheduler <b>FlowMatchEulerDiscreteScheduler</b>" in (out / "index.html").read_text()
