@@ -147,6 +147,12 @@ def tiny_wan(runtime_env: dict[str, str]) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_wan_i2v(runtime_env: dict[str, str]) -> Path:
+    """The tiny Wan image-to-video pipeline, where `muralist/tiny-wan-i2v` resolves."""
+    return build_tiny_in_cache("muralist/tiny-wan-i2v", runtime_env)
+
+
+@pytest.fixture(scope="session")
 def tiny_lora(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
     """A random LoRA for the tiny Flux (a folder with pytorch_lora_weights.safetensors)."""
     from muralist_runtime.tiny import build_tiny_lora

@@ -229,6 +229,7 @@ def test_an_output_folder_of_an_older_version_resumes(tmp_path: Path) -> None:
 
 
 def test_digest_covers_pixels_only_and_ignores_defaults() -> None:
+    from muralist_runtime.spec.features import Adapter, CacheSpec
     from muralist_runtime.spec.resume import recorded_digest, spec_digest
 
     base = runtime(Path("/o")).spec
@@ -237,6 +238,11 @@ def test_digest_covers_pixels_only_and_ignores_defaults() -> None:
     assert {spec_digest(s) for s in same} == {spec_digest(base)}
     other = base.model_copy(update={"generation": base.generation.model_copy(update={"vae_tiling": True})})
     assert spec_digest(other) != spec_digest(base), "tiled decoding changes pixels"
+    lora = base.model_copy(update={"model": base.model.model_copy(update={"adapters": [Adapter(name="/l")]})})
+    assert spec_digest(lora) != spec_digest(base), "an adapter changes pixels"
+    cached = base.model_copy(update={"generation": base.generation.model_copy(
+        update={"cache": CacheSpec(type="TaylorSeer")})})
+    assert spec_digest(cached) != spec_digest(base), "a step cache changes pixels"
     assert recorded_digest({"digestVersion": 2, "specDigest": "x"}) == "x"
     newer = legacy_job_json(runtime(Path("/o")), ())
     newer["spec"]["spec"]["generation"]["someFutureField"] = 1

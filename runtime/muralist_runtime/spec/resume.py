@@ -23,8 +23,9 @@ from pydantic import ValidationError
 from .api import DiffusionJobSpec, Generation, ModelSpec
 
 DIGEST_VERSION = 2
-# Of spec.model: what selects the weights and their precision.
-PIXEL_MODEL_FIELDS = frozenset({"name", "revision", "dtype", "pipeline"})
+# Of spec.model: what selects the weights and their precision, and the LoRA adapters on top
+# (fuseAdapters moves pixels by rounding only, ~4e-7).
+PIXEL_MODEL_FIELDS = frozenset({"name", "revision", "dtype", "pipeline", "adapters"})
 # Of spec.generation: everything but what only changes speed.
 SPEED_ONLY_GENERATION_FIELDS = frozenset({"batch_size", "compile"})
 
