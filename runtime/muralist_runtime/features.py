@@ -207,6 +207,11 @@ def cache_config(pipe: Any, cache: CacheSpec, steps: int) -> Any:
         raise PermanentFailure(f"{CACHE_FIELD}.options", f"{cache.type}: {e}".splitlines()[0]) from None
 
 
+def _hook_count(module: Any) -> int:
+    """diffusers hooks registered anywhere in a module (HookRegistry per submodule)."""
+    return sum(len(getattr(getattr(m, "_diffusers_hook", None), "hooks", None) or {}) for m in module.modules())
+
+
 def enable_cache(pipe: Any, cache: CacheSpec, steps: int) -> str:
     transformer = getattr(pipe, "transformer", None)
     if transformer is None or not hasattr(transformer, "enable_cache"):
@@ -214,10 +219,19 @@ def enable_cache(pipe: Any, cache: CacheSpec, steps: int) -> str:
         raise PermanentFailure(CACHE_FIELD, f"{what} takes no step cache (diffusers' cache hooks need a transformer "
                                "with enable_cache); remove generation.cache")
     config = cache_config(pipe, cache, steps)
+    before = _hook_count(transformer)
     try:
         transformer.enable_cache(config)
     except (ValueError, TypeError) as e:
         raise PermanentFailure(CACHE_FIELD, f"{type(transformer).__name__} refuses {cache.type}: {e}"
                                .splitlines()[0]) from None
+    if _hook_count(transformer) == before:
+        # diffusers matches module names against its own patterns and says nothing when none
+        # matches: TaylorSeer's '^blocks.*attn' misses Wan's blocks.N.attn1 / attn2.
+        transformer.disable_cache()
+        others = ", ".join(k for k in CACHES if k != cache.type)
+        raise PermanentFailure(f"{CACHE_FIELD}.type", f"{cache.type} finds no module to cache in "
+                               f"{type(transformer).__name__} (diffusers' module patterns for it match none of its "
+                               f"blocks), so it would change nothing; use another cache ({others})")
     return f"step cache {cache.type} on {type(transformer).__name__}" + (
         f" {dict(cache.options)}" if cache.options else "")

@@ -164,6 +164,19 @@ def test_magcache_needs_ratios_for_the_model(tiny_wan: Path) -> None:
     assert e.value.field == "spec.generation.cache.type"
 
 
+@pytest.mark.parametrize(("kind", "works"), [("TaylorSeer", False), ("FirstBlockCache", True),
+                                            ("PyramidAttentionBroadcast", True), ("FasterCache", True)])
+def test_a_cache_that_would_hook_nothing_is_refused(tiny_wan: Path, kind: str, works: bool) -> None:
+    # TaylorSeer's default patterns ('^blocks.*attn', full match) miss Wan's blocks.N.attn1.
+    pipe, _ = load(tiny_wan, wan_job())
+    if works:
+        assert features.enable_cache(pipe, CacheSpec(type=kind), steps=4).startswith(f"step cache {kind} on Wan")
+        return
+    with pytest.raises(PermanentFailure, match=f"{kind} finds no module to cache in WanTransformer3DModel") as e:
+        features.enable_cache(pipe, CacheSpec(type=kind), steps=4)
+    assert e.value.field == "spec.generation.cache.type" and not pipe.transformer.is_cache_enabled
+
+
 def test_a_transformer_without_cache_hooks_is_refused() -> None:
     class Plain:
         transformer = object()
