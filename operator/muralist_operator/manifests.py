@@ -20,14 +20,13 @@ from muralist_operator.render import OperatorSettings, RenderError, render_child
 def summary_line(job: DiffusionJob) -> str:
     par = job.spec.parallelism
     total = job.total_images
-    images = (
-        f"{total} images"
-        if total is not None
-        else (
-            f"{job.spec.generation.images_per_prompt} per prompt from "
-            f"configmap/{job.spec.prompts_from.config_map_key_ref.name}"  # type: ignore[union-attr]
-        )
-    )
+    per = job.spec.generation.images_per_prompt
+    if total is not None:
+        images = f"{total} images"
+    elif job.spec.dataset is not None:
+        images = f"{per} per row of dataset {job.spec.dataset.path}"
+    else:
+        images = f"{per} per prompt from configmap/{job.spec.prompts_from.config_map_key_ref.name}"  # type: ignore[union-attr]
     return (
         f"{job.metadata.name}: valid ({par.strategy}, world size {par.world_size}, "
         f"data-parallel degree {par.data_parallel_degree}, {images})"

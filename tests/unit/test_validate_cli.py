@@ -55,6 +55,16 @@ def test_valid_job_summary_line(tmp_path: Path) -> None:
     assert out.strip() == ("cats: valid (ContextParallel, world size 8, data-parallel degree 4, 2 images)")
 
 
+def test_summary_line_of_a_dataset_job(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    job = make_job().drop("spec.prompts").set("spec.dataset", {"volume": {"emptyDir": {}}, "path": "rows.jsonl"})
+    path.write_text(yaml.safe_dump(job.obj()))
+    code, out, err = run_cli("validate", str(path))
+    assert (code, err) == (0, "")
+    assert out.strip() == ("cats: valid (DataParallel, world size 1, data-parallel degree 1, 1 per row of dataset "
+                           "rows.jsonl)")
+
+
 def test_every_problem_is_reported_not_just_the_first(tmp_path: Path) -> None:
     manifest = make_job(name="Bad").generation(stepz=1).output(path="/abs").obj()
     path = tmp_path / "job.yaml"
