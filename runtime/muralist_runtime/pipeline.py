@@ -227,8 +227,8 @@ def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_st
     """Render a batch: each item's (outputs.Output, None), or (None, why it cannot be used).
 
     An item fails on its own when its inputs cannot be read (inputs.InputError, naming the
-    field and the path) or its output has NaN values. Items of different strengths go in
-    separate calls (a pipeline takes one strength per call).
+    field and the path) or its output has NaN values. Items of different strengths, or with
+    and without inputs, go in separate calls (a pipeline takes one strength per call).
     """
     from .inputs import InputError, load_inputs
 
@@ -243,20 +243,24 @@ def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_st
             continue
         if needs and "image" not in loaded[item.key]:
             results[item.key] = (None, f"{type(pipe).__name__} needs an input image, and this item has none")
-    for group in _call_groups([item for item in batch if item.key not in results]):
+    for group in _call_groups([item for item in batch if item.key not in results], loaded):
         outputs = _call(pipe, runtime, group, [loaded[i.key] for i in group], on_step, steps, seed_offset)
         results.update({item.key: result for item, result in zip(group, outputs, strict=True)})
     return [results[item.key] for item in batch]
 
 
-def _call_groups(items: Sequence[Item]) -> list[list[Item]]:
-    """Consecutive items that one call can take: those of the same strength."""
+def _call_groups(items: Sequence[Item], loaded: dict[str, dict[str, Any]]) -> list[list[Item]]:
+    """Consecutive items that one call can take: the same strength, and the same kinds of
+    inputs (a call takes images for all its prompts or for none)."""
     groups: list[list[Item]] = []
+    keys: list[tuple[Any, ...]] = []
     for item in items:
-        if groups and groups[-1][0].strength == item.strength:
+        key = (item.strength, tuple(sorted(loaded[item.key])))
+        if keys and keys[-1] == key:
             groups[-1].append(item)
         else:
             groups.append([item])
+            keys.append(key)
     return groups
 
 

@@ -170,6 +170,45 @@ def test_image_conditioned_jobs_do_not_depend_on_the_layout(pipeline: str, tmp_p
         assert manifest["00000-000"]["strength"] == 0.7 and manifest["00000-000"]["inputImage"] == "photos/noise.png"
 
 
+MIXED_BATCHES = {
+    # Strengths 0.5, 0.5, the pipeline's default, 0.9: three calls.
+    "FluxImg2ImgPipeline": [{"text": "a red fox", "image": "photos/noise.png", "strength": 0.5},
+                            {"text": "a boat", "image": "photos/red.jpg", "strength": 0.5},
+                            {"text": "a castle", "image": "photos/red.jpg"},
+                            {"text": "a cat", "image": "photos/noise.png", "strength": 0.9}],
+    # Kontext also renders from text alone: with an image, with, without, with.
+    "FluxKontextPipeline": [{"text": "a red fox", "image": "photos/noise.png"},
+                            {"text": "a boat", "image": "photos/red.jpg"}, {"text": "a castle"},
+                            {"text": "a cat", "image": "photos/noise.png"}],
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED_BATCHES))
+def test_a_batch_is_split_into_calls_that_render_each_item_as_alone(name: str, tiny_model: Path, inputs_dir: Path,
+                                                                    monkeypatch) -> None:
+    # A pipeline call takes one strength, and images for all its prompts or for none.
+    from muralist_runtime import pipeline, rows
+    from muralist_runtime.spec.resolved import RuntimeSpec
+
+    job = make_job().prompts(*MIXED_BATCHES[name]).generation(batchSize=4).obj()
+    job["model"]["pipeline"] = name
+    job["inputs"] = {"volume": {"hostPath": {"path": str(inputs_dir)}}}
+    alone = render_in_process(job, tiny_model, inputs_dir)
+    runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused",
+                                          "inputsDir": str(inputs_dir)})
+    pipe = pipeline.load_pipeline(runtime, str(tiny_model), None)
+    calls: list[list[str]] = []
+    call = pipeline._call
+    monkeypatch.setattr(pipeline, "_call", lambda pipe, runtime, batch, *a: calls.append([i.key for i in batch])
+                        or call(pipe, runtime, batch, *a))
+    items = rows.items_of(rows.open_rows(runtime).rows(0, 4), runtime.spec.generation)
+    together = pipeline.render_checked(pipe, runtime, items)
+    assert calls == [["00000-000", "00001-000"], ["00002-000"], ["00003-000"]]
+    for item, (output, reason) in zip(items, together, strict=True):
+        assert reason is None, reason
+        assert max_diff(output.pixels(), alone[item.key].pixels()) <= 1, item.key
+
+
 # -- LoRA adapters, scheduler, step cache --------------------------------------------------------
 
 
