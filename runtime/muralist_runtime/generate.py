@@ -3,8 +3,8 @@
 Only a group's first rank claims, writes and counts; it shares each chunk's item list with
 its group (the other ranks render the same items with it). An item fails on its own — a row
 that could not be read, an input image that is missing or unreadable, an output with NaN
-values, an exception or out-of-memory error of a group of one — and is recorded with its reason; the job fails instead once more items failed
-than runPolicy.maxFailedItems allows.
+values, an exception or out-of-memory error of a group of one — and is recorded with its
+reason; the job fails instead once more items failed than runPolicy.maxFailedItems allows.
 """
 
 from __future__ import annotations
