@@ -212,38 +212,34 @@ def test_a_batch_is_split_into_calls_that_render_each_item_as_alone(name: str, t
 # -- LoRA adapters, scheduler, step cache --------------------------------------------------------
 
 
-def test_lora_changes_the_output_and_two_layouts_agree(tmp_path: Path, runtime_env, reference: Run,
-                                                       tiny_model: Path, tiny_lora: Path) -> None:
-    out = tmp_path / "lora"
-    job = make_job().processes(2).obj()
-    job["model"]["adapters"] = [{"name": str(tiny_lora), "scale": 1.0}]
-    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2)
-    assert run.returncode == 0, run.stderr[-3000:]
-    one = render_in_process(job, tiny_model)
-    for key in one:
-        assert max_diff(run.pixels(key), reference.pixels(key)) > 20, "the adapter changes the image"
-        assert max_diff(run.pixels(key), one[key].pixels()) <= 1
-    assert run.meta("00000-000")["adapters"] == [{"name": str(tiny_lora), "scale": 1.0}]
-    assert f"adapter <b>{tiny_lora}</b> &times;1.0" in (out / "index.html").read_text()
-
-
-def test_scheduler_and_taylorseer_cache_under_ulysses_2_match_one_process(tmp_path: Path, runtime_env,
-                                                                         tiny_model: Path) -> None:
-    # The cache is enabled before enable_parallelism; TaylorSeer is safe in a CP group.
-    out = tmp_path / "cache"
+def test_lora_scheduler_and_taylorseer_under_ulysses_2_match_one_process(tmp_path: Path, runtime_env,
+                                                                         tiny_model: Path, tiny_lora: Path) -> None:
+    # All three are applied before enable_parallelism; TaylorSeer is safe in a CP group.
+    out = tmp_path / "features"
     job = make_job().processes(2).context_parallel(ulysses=2).generation(steps=6).obj()
+    job["model"]["adapters"] = [{"name": str(tiny_lora), "scale": 1.0}]
     job["generation"]["scheduler"] = {"name": "FlowMatchEulerDiscreteScheduler", "config": {"shift": 2.0}}
     job["generation"]["cache"] = {"type": "TaylorSeer", "options": {"cacheInterval": 2, "disableCacheBeforeStep": 2}}
     run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "step cache TaylorSeer on FluxTransformer2DModel" in run.stderr
+    assert f"LoRA adapters: {tiny_lora} x1" in run.stderr
     assert "scheduler FlowMatchEulerDiscreteScheduler {'shift': 2.0}" in run.stderr
+    assert "step cache TaylorSeer on FluxTransformer2DModel" in run.stderr
     one = render_in_process(job, tiny_model)
-    plain = render_in_process({**job, "generation": {k: v for k, v in job["generation"].items()
-                                                     if k not in ("scheduler", "cache")}}, tiny_model)
+    plain = render_in_process({**job, "model": {"name": "muralist/tiny-flux", "dtype": "float32"}}, tiny_model)
+    no_lora = render_in_process({**job, "model": {"name": "muralist/tiny-flux", "dtype": "float32"},
+                                 "generation": {**job["generation"], "cache": None}}, tiny_model)
+    base = render_in_process({**job, "model": {"name": "muralist/tiny-flux", "dtype": "float32"},
+                              "generation": {k: v for k, v in job["generation"].items() if k not in
+                                             ("scheduler", "cache")}}, tiny_model)
     for key in one:
-        assert max_diff(run.pixels(key), one[key].pixels()) <= 1
-        assert max_diff(run.pixels(key), plain[key].pixels()) > 0, "the scheduler and the cache change the image"
+        assert max_diff(run.pixels(key), one[key].pixels()) <= 1, "two layouts agree"
+        assert max_diff(run.pixels(key), plain[key].pixels()) > 20, "the adapter changes the image"
+        assert max_diff(plain[key].pixels(), no_lora[key].pixels()) > 0, "the cache changes it"
+        assert max_diff(no_lora[key].pixels(), base[key].pixels()) > 0, "the scheduler changes it"
     meta = run.meta("00000-000")
     assert (meta["scheduler"], meta["cache"]) == ("FlowMatchEulerDiscreteScheduler", "TaylorSeer")
-    assert "scheduler <b>FlowMatchEulerDiscreteScheduler</b>" in (out / "index.html").read_text()
+    assert meta["adapters"] == [{"name": str(tiny_lora), "scale": 1.0}]
+    gallery = (out / "index.html").read_text()
+    assert "scheduler <b>FlowMatchEulerDiscreteScheduler</b>" in gallery
+    assert f"adapter <b>{tiny_lora}</b> &times;1.0" in gallery
