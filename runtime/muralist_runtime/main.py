@@ -74,6 +74,14 @@ class Job:
     gpu: bool
 
 
+# How long a retried pod tries the store before it concludes that a merged job is over.
+STORE_PROBE_SECONDS = 15.0
+
+
+class NothingLeft(Exception):
+    """The job is complete: this process ends with exit 0 without rendering."""
+
+
 def peak_memory_mib() -> float:
     """This process's peak resident memory (VmHWM), for job.json and the termination message."""
     try:
@@ -173,6 +181,11 @@ def set_up_world(job: Job, state: RunState) -> None:
     if layout.hosts_store:
         state.server = claims.ClaimServer(port)
         state.jobfile.write(layout.describe())
+    if not layout.hosts_store and state.jobfile.merged():
+        probe = claims.ClaimClient(host, port, work.NAMESPACE)
+        if not probe.reachable(STORE_PROBE_SECONDS):
+            # This pod was retried after the first pod merged the job and left: nothing is left.
+            raise NothingLeft(f"the job was merged in {state.jobfile.root} and its first pod is gone")
     if layout.writes_images or layout.hosts_store:
         state.claims = claims.ClaimClient(host, port, work.NAMESPACE)
     if layout.writes_images:
@@ -289,6 +302,10 @@ def run(spec_path: str) -> int:
         state.timings["peakMemoryMiB"] = peak_memory_mib()
         if state.world.layout.local_rank == 0:
             write_termination(Termination(state.counts, timings=state.timings))
+        return contract.EXIT_OK
+    except NothingLeft as e:
+        log.info("nothing to do: %s", e)
+        write_termination(Termination(state.counts, message=str(e)))
         return contract.EXIT_OK
     except PermanentFailure as e:
         print(f"muralist: {e}", file=sys.stderr, flush=True)

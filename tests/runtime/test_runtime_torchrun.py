@@ -15,7 +15,7 @@ from muralist_runtime.spec import contract
 from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
 from PIL import Image
 
-from .conftest import Run, make_job, runtime_spec_json, torchrun
+from .conftest import Run, free_port, make_job, runtime_spec_json, torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -85,6 +85,15 @@ def test_two_nodes_one_process_each(tmp_path: Path, runtime_env, reference: Run)
     assert_each_image_once(run, KEYS)
     assert json.loads((out / "job.json").read_text())["world"]["nodes"] == 2
     assert run.images() == reference.images()
+    # The second pod, retried after the first one merged the job and left, has nothing to do.
+    from muralist_runtime import local
+
+    spec_file = out.parent / f"{out.name}.spec.json"
+    runtime = local.RuntimeSpec.model_validate_json(spec_file.read_text())
+    argv, env = local.agent_commands(runtime, str(spec_file), local.free_port_range(2), free_port())[1]
+    late = subprocess.run(argv, env={**runtime_env, **env}, capture_output=True, text=True, timeout=120)
+    assert late.returncode == 0, late.stderr[-3000:]
+    assert "nothing to do: the job was merged" in late.stderr
 
 
 def test_killed_rank_then_resume_renders_only_missing(tmp_path: Path, runtime_env,
