@@ -127,6 +127,19 @@ def test_context_parallel_ulysses_2(tmp_path: Path, runtime_env, reference: Run)
     assert max_pixel_diff(run, reference) <= 1
 
 
+def test_a_context_parallel_group_over_two_pods_matches_one_process(tmp_path: Path, runtime_env,
+                                                                   reference: Run) -> None:
+    # Ulysses 2 with one process per pod: the group spans both pods, which (and only which)
+    # rendezvous with each other through the PET_* contract.
+    out = tmp_path / "cp-span"
+    job = make_job().processes(1, nodes=2).context_parallel(ulysses=2).obj()
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 1, nnodes=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_each_image_once(run, KEYS)
+    assert json.loads((out / "job.json").read_text())["world"]["podsPerWorld"] == 2
+    assert max_pixel_diff(run, reference) <= 1
+
+
 def on_gpu_nodes(builder):
     """A layout admission accepts (2 GPUs per pod), started on this GPU-less machine."""
     builder.world(gpus=2, processes=2)
