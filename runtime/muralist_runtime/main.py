@@ -149,7 +149,7 @@ def check_spec(spec_path: str) -> Job:
 
     runtime = read_spec(spec_path)
     spec = runtime.spec
-    gpu = worldmod.has_gpu()
+    gpu = worldmod.uses_gpu(spec.parallelism)
     if spec.parallelism.gpus_per_node > 0 and not gpu:
         log.warning("spec asks for %d GPUs per node but none is visible: running on CPU",
                     spec.parallelism.gpus_per_node)
