@@ -158,7 +158,7 @@ def check_spec(spec_path: str) -> Job:
     plan_of_work = work.make_plan(spec, source_rows.count(), source_rows.start)
     if plan_of_work.rows == 0:
         raise PermanentFailure("spec.dataset", "no rows to render (check start and end)")
-    first = rows.items_of(source_rows.rows(source_rows.start, source_rows.start + 1), spec.generation)[0]
+    first = rows.items_of(rows.peek(runtime), spec.generation)[0]
     # Resolved (a tiny model built) before the world exists: see resolve_model.
     source, revision = pipeline.resolve_model(runtime)
     # The layout against the catalog and the model's config files: seconds, not the minutes
@@ -301,7 +301,10 @@ def run(spec_path: str) -> int:
         summarise(job, state)
         state.timings["peakMemoryMiB"] = peak_memory_mib()
         if state.world.layout.local_rank == 0:
-            write_termination(Termination(state.counts, timings=state.timings))
+            # The pod's counts (all its ranks are done: summarise waited for them), the job's total.
+            from .progress import progress_dir, read_counts
+
+            write_termination(Termination(read_counts([progress_dir()]), timings=state.timings))
         return contract.EXIT_OK
     except NothingLeft as e:
         log.info("nothing to do: %s", e)

@@ -105,7 +105,8 @@ def test_webdataset_shards_are_never_partial_and_read_back(tmp_path: Path, runti
     job = dataset_job(dataset, processes=2, output={"layout": "webdataset", "shardSize": 3})
     spec = spec_json(job, out, dataset)
     # Rank 0 dies after writing its first image, and its pod with it: its shard stays a temp file.
-    first = torchrun(spec, out, runtime_env, 2, extra_env={**NAN, contract.MURALIST_TEST_EXIT_AFTER: "1"})
+    first = torchrun(spec, out, runtime_env, 2, extra_env={**NAN, contract.MURALIST_TEST_EXIT_AFTER: "1",
+                                                             contract.MURALIST_TEST_EXIT_RANK: "-1"})
     assert first.returncode != 0
     for shard in (out / "shards").glob("*.tar"):
         with tarfile.open(shard) as tar:  # whatever is there under a shard's name is whole

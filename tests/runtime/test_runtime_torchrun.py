@@ -15,7 +15,7 @@ from muralist_runtime.spec import contract
 from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
 from PIL import Image
 
-from .conftest import Run, free_port, make_job, runtime_spec_json, torchrun
+from .conftest import Run, make_job, runtime_spec_json, torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -75,6 +75,8 @@ def test_data_parallel_two_processes_match_one(tmp_path: Path, runtime_env, refe
     assert (final["attempt"], final["ranks"], final["completed"], final["total"], final["final"], final["done"]) == (
         1, 2, 3, 3, True, True)
     assert operator.posts[-1]["auth"] == "Bearer pod-token"
+    # The termination message, the final word on a pod, counts all its ranks and the job's total.
+    assert (run.termination["completed"], run.termination["total"]) == (3, 3)
 
 
 def test_two_nodes_one_process_each(tmp_path: Path, runtime_env, reference: Run) -> None:
@@ -90,7 +92,7 @@ def test_two_nodes_one_process_each(tmp_path: Path, runtime_env, reference: Run)
 
     spec_file = out.parent / f"{out.name}.spec.json"
     runtime = local.RuntimeSpec.model_validate_json(spec_file.read_text())
-    argv, env = local.agent_commands(runtime, str(spec_file), local.free_port_range(2), free_port())[1]
+    argv, env = local.agent_commands(runtime, str(spec_file), *local.local_ports(2))[1]
     late = subprocess.run(argv, env={**runtime_env, **env}, capture_output=True, text=True, timeout=120)
     assert late.returncode == 0, late.stderr[-3000:]
     assert "nothing to do: the job was merged" in late.stderr
@@ -100,8 +102,10 @@ def test_killed_rank_then_resume_renders_only_missing(tmp_path: Path, runtime_en
                                                       reference: Run) -> None:
     out = tmp_path / "resume"
     spec = runtime_spec_json(make_job().processes(2).obj(), out)
-    # Rank 0 dies right after writing its first image, taking its pod down.
-    first = torchrun(spec, out, runtime_env, 2, extra_env={contract.MURALIST_TEST_EXIT_AFTER: "1"})
+    # The first rank to write an image dies right after, taking its pod down (with claimed work,
+    # which rank renders what is not fixed).
+    first = torchrun(spec, out, runtime_env, 2, extra_env={contract.MURALIST_TEST_EXIT_AFTER: "1",
+                                                             contract.MURALIST_TEST_EXIT_RANK: "-1"})
     assert first.returncode != 0
     kept = sorted(p.stem for p in (out / "images").glob("*.png"))
     assert 1 <= len(kept) < len(KEYS)

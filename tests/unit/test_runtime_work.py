@@ -20,7 +20,7 @@ def plan_for(rows: int, processes: int = 1, nodes: int = 1, **output) -> work.Wo
     ("rows", "processes", "nodes", "chunk_rows", "chunks"),
     [
         (3, 2, 1, 1, 3),  # a few rows: one per chunk, so the counter can balance them
-        (40, 2, 1, 5, 8),  # 4 chunks per group
+        (40, 2, 1, 2, 20),  # 16 chunks per group at most, of whole rows
         (1_000_000, 8, 4, 32, 31_250),  # a big data set: small chunks all the same
         (0, 1, 1, 1, 0),
     ],
