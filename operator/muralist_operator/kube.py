@@ -17,6 +17,8 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from muralist_runtime.spec import GROUP, PLURAL, VERSION
 
+from muralist_operator.observe import STALLED_ANNOTATION
+
 log = logging.getLogger("muralist.operator")
 
 
@@ -31,17 +33,20 @@ def load_config() -> None:
 class Kube:
     core: client.CoreV1Api
     batch: client.BatchV1Api
-    rbac: client.RbacAuthorizationV1Api
     custom: client.CustomObjectsApi
+    authentication: client.AuthenticationV1Api
 
     @classmethod
-    def connect(cls) -> Kube:
-        api = client.ApiClient()
+    def connect(cls, pool: int = 32) -> Kube:
+        config_ = client.Configuration.get_default_copy()
+        # kopf's workers, the clock and the progress endpoint's verifiers share this client.
+        config_.connection_pool_maxsize = pool
+        api = client.ApiClient(config_)
         return cls(
             client.CoreV1Api(api),
             client.BatchV1Api(api),
-            client.RbacAuthorizationV1Api(api),
             client.CustomObjectsApi(api),
+            client.AuthenticationV1Api(api),
         )
 
     # -- the DiffusionJob itself
@@ -78,9 +83,6 @@ class Kube:
         creators = {
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
-            "ServiceAccount": self.core.create_namespaced_service_account,
-            "Role": self.rbac.create_namespaced_role,
-            "RoleBinding": self.rbac.create_namespaced_role_binding,
             "Job": self.batch.create_namespaced_job,
         }
         try:
@@ -92,9 +94,28 @@ class Kube:
         return True
 
     def delete_job(self, namespace: str, name: str) -> None:
-        # Foreground: the Job object stays until its pods are gone, so the next group never
-        # meets the old one (same hostnames, same rendezvous port).
+        # Foreground: the Job object stays until its pods are gone, so a Job created again
+        # never meets the old pods (same hostnames).
         self._ignore(404, self.batch.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
+
+    def stop_pod(self, namespace: str, name: str, uid: str, note: str) -> None:
+        """Note on the pod why it goes (its index's failure says so), then delete that very pod
+        (the uid precondition: never a replacement of the same name)."""
+        try:
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {STALLED_ANNOTATION: note}}})
+        except ApiException as e:
+            if e.status == 404:
+                return
+            raise
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body)
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone, or another pod of that name now
+                raise
+
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
+        self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}})
 
     def set_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
         self._ignore(404, self.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspend}})

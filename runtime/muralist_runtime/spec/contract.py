@@ -81,6 +81,14 @@ DEFAULT_STAGE_DIR = "/tmp/muralist-stage"
 # Kubernetes reads a container's termination message from this file.
 TERMINATION_LOG = "/dev/termination-log"
 RUNTIME_MODULE = "muralist_runtime"
+# The container's entry point (runtime/muralist_runtime/launch.py): it starts this pod's
+# launcher (torchrun or accelerate launch) for its world and exits 78 on a permanent failure.
+LAUNCH_MODULE = f"{RUNTIME_MODULE}.launch"
+
+
+def pod_command(spec_file: str = SPEC_FILE) -> list[str]:
+    """The command of every pod's container, whatever the launcher and the world."""
+    return ["python", "-m", LAUNCH_MODULE, "--spec", spec_file]
 
 # -- exit codes --------------------------------------------------------------------------------
 EXIT_OK = 0
