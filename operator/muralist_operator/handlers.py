@@ -4,8 +4,10 @@ Every trigger runs the same level-based `Reconciler.reconcile`: the DiffusionJob
 of its Jobs or pods changing (watched with label selectors, so the API server sends only
 ours), a pod's pushed progress that changed the counts (throttled per job by the aggregator),
 or the clock for deadlines, stall detection and TTL. Children are read from kopf's in-memory
-indexes, so a reconcile costs one GET (the job itself, fresh, because the status it decides
-from must be current).
+indexes, and the job itself from the latest body its watch or our own status write returned
+(only the operator writes status, so that one is current): a reconcile costs no read, and the
+watch event that echoes our own status write costs nothing. Every minute each job is read
+again (in case an event was missed).
 
 No handler here needs a finalizer: deleting a DiffusionJob never waits for the operator, and
 the garbage collector removes its children through their owner references.
@@ -58,6 +60,14 @@ class RenderFailure(Exception):
     """The children of a valid job could not be rendered (a bug, or a limit only render sees)."""
 
 
+def _newer(rv: str | None, than: str | None) -> bool:
+    """resourceVersions are opaque, but etcd's are increasing integers; anything else counts as newer."""
+    try:
+        return than is None or int(rv or 0) > int(than)
+    except ValueError:
+        return True
+
+
 def _besides_progress(status: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in status.items() if k != "progress"}
 
@@ -73,6 +83,10 @@ class Reconciler:
         self._locks_guard = threading.Lock()
         self.indexes: dict[str, Any] = {}
         self.listed = False
+        # The latest known body of each DiffusionJob (from its watch, or our own status write),
+        # and how many triggers wait for each job's lock.
+        self.bodies: dict[Key, dict[str, Any]] = {}
+        self._waiting: dict[Key, int] = {}
         # Every DiffusionJob seen (resynced now and then, in case an event was missed), and
         # those that need the clock: a deadline, a stall timeout or a TTL.
         self.known: set[Key] = set()
@@ -142,13 +156,50 @@ class Reconciler:
                     sent_at=datetime.now(UTC), final=True), now=None)
         return Observed(job=jobs[0] if jobs else None, pods=pods, progress=self.aggregator.snapshot(key))
 
-    def reconcile(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        with self._lock(key), metrics.RECONCILE_SECONDS.time():
-            body = self.kube.get_diffusion_job(namespace, name)
+    def seen(self, key: Key, body: dict[str, Any]) -> bool:
+        """A DiffusionJob from its watch: kept as the latest known. False when it is the echo of
+        our own status write (nothing new to decide from)."""
+        rv = (body.get("metadata") or {}).get("resourceVersion")
+        with self._locks_guard:
+            cached = self.bodies.get(key)
+            known = (cached.get("metadata") or {}).get("resourceVersion") if cached else None
+            if rv is not None and rv == known:
+                return False
+            if cached is None or _newer(rv, known):
+                self.bodies[key] = body
+        return True
+
+    def _remember_body(self, key: Key, body: dict[str, Any] | None) -> None:
+        with self._locks_guard:
             if body is None:
-                self.forget(key)
+                self.bodies.pop(key, None)
                 return
+            cached = self.bodies.get(key)
+            known = (cached.get("metadata") or {}).get("resourceVersion") if cached else None
+            if cached is None or _newer((body.get("metadata") or {}).get("resourceVersion"), known):
+                self.bodies[key] = body
+
+    def reconcile(self, namespace: str, name: str, fresh: bool = False) -> None:
+        """Reconcile from the latest known DiffusionJob (its watch events and our own status
+        writes keep it current: only we write status), or GET it when unknown or `fresh`.
+        A trigger that finds another one already waiting for this job returns at once: the
+        waiting one reads everything after it gets its turn."""
+        key = (namespace, name)
+        with self._locks_guard:
+            if self._waiting.get(key) and not fresh:
+                return
+            self._waiting[key] = self._waiting.get(key, 0) + 1
+        lock = self._lock(key)
+        with lock, metrics.RECONCILE_SECONDS.time():
+            with self._locks_guard:
+                self._waiting[key] = self._waiting.get(key, 1) - 1
+                body = None if fresh else self.bodies.get(key)
+            if body is None:
+                body = self.kube.get_diffusion_job(namespace, name)
+                if body is None:
+                    self.forget(key)
+                    return
+                self._remember_body(key, body)
             self._reconcile(key, body)
 
     def forget(self, key: Key) -> None:
@@ -159,6 +210,8 @@ class Reconciler:
         metrics.forget(key)
         with self._locks_guard:
             self._locks.pop(key, None)
+            self.bodies.pop(key, None)
+            self._waiting.pop(key, None)
 
     def _reconcile(self, key: Key, body: dict[str, Any]) -> None:
         now = datetime.now(UTC)
@@ -184,18 +237,22 @@ class Reconciler:
         # status.progress is written when the aggregator's throttle says so (the counts changed,
         # at most once per write interval; the rate alone moves with time and is not worth a
         # write), or together with any other change of the status.
+        # Children first (the Job is what everything waits for), then one status write, then
+        # the events, only once the status says what they announce.
+        suppressed = self._act(body, decision, children) if job is not None else set()
         new_status = decision.status.wire()
         due = self.aggregator.next_due(key) == 0
         if new_status != raw_status and (due or _besides_progress(new_status) != _besides_progress(raw_status)):
             try:
-                self.kube.patch_status(key[0], key[1], new_status)
+                written = self.kube.patch_status(key[0], key[1], new_status)
             except Exception:
                 self.aggregator.mark_dirty(key)
+                self._remember_body(key, None)  # read it again next time
                 raise
+            self._remember_body(key, written)
             self.aggregator.written(key)
         elif due:
             self.aggregator.written(key)  # nothing to write: the counts are already there
-        suppressed = self._act(body, decision, children) if job is not None else set()
         for event in decision.events:
             if event.reason in suppressed:
                 continue
@@ -236,6 +293,7 @@ class Reconciler:
             elif isinstance(action, DeleteSelf):
                 log.info("deleting DiffusionJob %s/%s: %s", ns, name, action.reason)
                 self.kube.delete_diffusion_job(ns, name)
+                self._remember_body((ns, name), None)
         return suppressed
 
     def _create_children(self, owner: dict[str, Any], children: Children) -> bool:
@@ -266,9 +324,9 @@ class Reconciler:
         else:
             self.clocked.discard(key)
 
-    def safe_reconcile(self, namespace: str, name: str) -> None:
+    def safe_reconcile(self, namespace: str, name: str, fresh: bool = False) -> None:
         try:
-            self.reconcile(namespace, name)
+            self.reconcile(namespace, name, fresh=fresh)
         except Exception:  # the clock must keep ticking for every other job
             log.exception("reconcile of %s/%s failed", namespace, name)
 
@@ -298,11 +356,12 @@ class Reconciler:
             if time.monotonic() - last_tick >= CLOCK_SECONDS:
                 keys |= self.clocked
                 last_tick = time.monotonic()
+            resync: set[Key] = set()
             if time.monotonic() - last_resync > RESYNC_SECONDS:
-                keys |= self.known
+                resync = set(self.known)  # read again: in case an event was missed
                 last_resync = time.monotonic()
-            for namespace, name in sorted(keys):
-                self.safe_reconcile(namespace, name)
+            for namespace, name in sorted(keys | resync):
+                self.safe_reconcile(namespace, name, fresh=(namespace, name) in resync)
 
     def _chores(self) -> None:
         for chore in self.chores:
@@ -349,13 +408,15 @@ def muralist_pod_info(namespace: str, name: str, body: kopf.Body, **_: Any) -> d
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def diffusion_job_event(namespace: str, name: str, type: str | None, **kwargs: Any) -> None:
+def diffusion_job_event(namespace: str, name: str, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
     r = reconciler()
     r.remember_indexes(kwargs)
     if type == "DELETED":
         r.forget((namespace, name))
         return
-    r.reconcile(namespace, name)
+    # The raw body as kopf received it, not copied: nothing in a reconcile changes it.
+    if r.seen((namespace, name), dict(body)):
+        r.reconcile(namespace, name)
 
 
 def _child_event(namespace: str, body: kopf.Body, kwargs: dict[str, Any]) -> None:

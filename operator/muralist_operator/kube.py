@@ -1,7 +1,9 @@
 """Side effects on the API server: create children, delete, patch status, post events.
 
 Thin wrappers over the kubernetes client that make each call idempotent (409 on create and
-404 on delete are the expected outcomes of a retry, not errors).
+404 on delete are the expected outcomes of a retry, not errors). Responses nobody reads are not
+turned into client models (`_preload_content=False`): with hundreds of jobs starting at once,
+that deserialization was a good part of the operator's CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ from muralist_operator.observe import STALLED_ANNOTATION
 log = logging.getLogger("muralist.operator")
 
 
+def _unread(fn: Any, *args: Any, **kwargs: Any) -> None:
+    """Call without building client models from the response, then hand the connection back to
+    the pool (an unread response keeps it, and the next call pays a new TLS handshake)."""
+    resp = fn(*args, _preload_content=False, **kwargs)
+    try:
+        resp.read()
+    finally:
+        resp.release_conn()
+
+
 def load_config() -> None:
     try:
         config.load_incluster_config()
@@ -37,7 +49,7 @@ class Kube:
     authentication: client.AuthenticationV1Api
 
     @classmethod
-    def connect(cls, pool: int = 32) -> Kube:
+    def connect(cls, pool: int = 64) -> Kube:
         config_ = client.Configuration.get_default_copy()
         # kopf's workers, the clock and the progress endpoint's verifiers share this client.
         config_.connection_pool_maxsize = pool
@@ -59,8 +71,10 @@ class Kube:
                 return None
             raise
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """The job as written (the reconciler's next pass starts from it)."""
+        return self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                                 {"status": status})
 
     def delete_diffusion_job(self, namespace: str, name: str) -> None:
         self._ignore(
@@ -86,7 +100,7 @@ class Kube:
             "Job": self.batch.create_namespaced_job,
         }
         try:
-            creators[obj["kind"]](ns, obj)
+            _unread(creators[obj["kind"]], ns, obj)
         except ApiException as e:
             if e.status == 409:
                 return False
@@ -96,29 +110,30 @@ class Kube:
     def delete_job(self, namespace: str, name: str) -> None:
         # Foreground: the Job object stays until its pods are gone, so a Job created again
         # never meets the old pods (same hostnames).
-        self._ignore(404, self.batch.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
+        self._ignore(404, _unread, self.batch.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
 
     def stop_pod(self, namespace: str, name: str, uid: str, note: str) -> None:
         """Note on the pod why it goes (its index's failure says so), then delete that very pod
         (the uid precondition: never a replacement of the same name)."""
         try:
-            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {STALLED_ANNOTATION: note}}})
+            _unread(self.core.patch_namespaced_pod, name, namespace,
+                    {"metadata": {"annotations": {STALLED_ANNOTATION: note}}})
         except ApiException as e:
             if e.status == 404:
                 return
             raise
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
         try:
-            self.core.delete_namespaced_pod(name, namespace, body=body)
+            _unread(self.core.delete_namespaced_pod, name, namespace, body=body)
         except ApiException as e:
             if e.status not in (404, 409):  # gone, or another pod of that name now
                 raise
 
     def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
-        self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": labels}})
+        _unread(self.core.patch_namespaced_pod, name, namespace, {"metadata": {"labels": labels}})
 
     def set_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
-        self._ignore(404, self.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspend}})
+        self._ignore(404, _unread, self.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspend}})
 
     # -- events
 
@@ -147,7 +162,7 @@ class Kube:
             "reportingInstance": "muralist-operator",
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], event)
+            _unread(self.core.create_namespaced_event, meta["namespace"], event)
         except ApiException as e:  # an event lost is not worth failing a reconcile
             log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)
 

@@ -91,7 +91,7 @@ def _create_job(t: Transition, job: DiffusionJob, now: datetime) -> Decision:
     if suspension.created_suspended(policy):
         t.phase(Phase.SUSPENDED, *suspension.reason(policy))
     else:
-        t.phase(Phase.PENDING, "JobCreated", f"waiting for {par.nodes} pod(s)")
+        t.phase(Phase.PENDING, "Starting", f"0/{par.nodes} pod(s) running")
     return t.decision
 
 

@@ -80,12 +80,21 @@ class OperatorSettings:
 class Children:
     """Everything one DiffusionJob owns, in the order it should be created."""
 
-    service: dict[str, Any]
+    service: dict[str, Any] | None  # None for a one-pod job: nobody to meet
     spec_config_map: dict[str, Any]
     job: dict[str, Any]
 
     def all(self) -> list[dict[str, Any]]:
-        return [self.service, self.spec_config_map, self.job]
+        return [o for o in (self.service, self.spec_config_map, self.job) if o is not None]
+
+
+def needs_service(job: DiffusionJob) -> bool:
+    """Pods find pod 0 (its work-claim store, a spanning world's master) by the Service's DNS."""
+    return job.spec.parallelism.nodes > 1
+
+
+def claims_host(job: DiffusionJob) -> str:
+    return contract.master_host(job.metadata.name, 0) if needs_service(job) else "127.0.0.1"
 
 
 def spec_config_map_name(job_name: str) -> str:
@@ -199,7 +208,7 @@ def _env(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> list[
         # The Job controller counts each index's failures (backoffLimitPerIndex): this pod's retry.
         {"name": contract.MURALIST_ATTEMPT, "valueFrom": _annotation(INDEX_FAILURE_COUNT_ANNOTATION)},
         {"name": contract.MURALIST_NAMESPACE, "valueFrom": _field("metadata.namespace")},
-        {"name": contract.MURALIST_CLAIMS_ADDR, "value": f"{contract.master_host(name, 0)}:{settings.claims_port}"},
+        {"name": contract.MURALIST_CLAIMS_ADDR, "value": f"{claims_host(job)}:{settings.claims_port}"},
     ]
     if settings.progress_url is not None:
         env += [
@@ -302,7 +311,7 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
         },
     }
     pod_spec: dict[str, Any] = {
-        "subdomain": job.metadata.name,
+        **({"subdomain": job.metadata.name} if needs_service(job) else {}),
         "restartPolicy": "Never",
         # The pods talk to no API server: the service account only signs the progress token.
         "automountServiceAccountToken": False,
@@ -392,7 +401,7 @@ def render_children(
     active_deadline_seconds: int | None = None,
 ) -> Children:
     return Children(
-        service=render_service(job, namespace, settings),
+        service=render_service(job, namespace, settings) if needs_service(job) else None,
         spec_config_map=render_spec_config_map(job, namespace, settings),
         job=render_job(job, namespace, settings, active_deadline_seconds=active_deadline_seconds),
     )

@@ -44,9 +44,11 @@ class FakeKube:
     def get_diffusion_job(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.body)
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.patches.append(status)
         self.body["status"] = status
+        self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
+        return copy.deepcopy(self.body)
 
     def create(self, obj: dict[str, Any], owner: dict[str, Any]) -> bool:
         self.created.append(obj["kind"])
@@ -69,7 +71,7 @@ class Clock:
 
 def running_reconciler(pods: list[PodView]) -> tuple[handlers.Reconciler, FakeKube, Clock]:
     body = make_job("cats").prompts(*["p"] * 10).world(nodes=2).obj()
-    body["metadata"].update(namespace="ns", generation=1)
+    body["metadata"].update(namespace="ns", generation=1, resourceVersion="1")
     kube = FakeKube(body)
     clock = Clock()
     r = handlers.Reconciler(kube, OperatorSettings(), Aggregator(clock=clock))  # type: ignore[arg-type]
@@ -122,9 +124,20 @@ def test_a_finished_pods_termination_message_counts() -> None:
 def test_a_stalled_pod_is_stopped() -> None:
     r, kube, _ = running_reconciler([pod(0), pod(1)])
     kube.body["spec"]["runPolicy"] = {"stallTimeoutSeconds": 10}
+    kube.body["metadata"]["resourceVersion"] = "100"
+    assert r.seen(KEY, copy.deepcopy(kube.body))  # the user's change, from the watch
     stale = PodReport(pod="cats-1-0", index=1, attempt=0, ranks=1, completed=1, skipped=0, failed=0, total=10,
                       last_step_time=datetime.now(UTC) - timedelta(seconds=60), last_image_time=None,
                       sent_at=NOW, final=False)
     r.on_report("ns", "cats", stale)
     r.reconcile(*KEY)
     assert kube.stopped == ["cats-1-0"] and "Stalled" in kube.events
+
+
+def test_the_echo_of_our_own_status_write_costs_nothing() -> None:
+    r, kube, _ = running_reconciler([pod(0), pod(1)])
+    echo = copy.deepcopy(kube.body)  # what the watch sends after our write
+    assert r.seen(KEY, echo) is False
+    older = copy.deepcopy(kube.body)
+    older["metadata"]["resourceVersion"] = "0"
+    assert r.seen(KEY, older) is True and r.bodies[KEY]["metadata"]["resourceVersion"] != "0"  # never goes back

@@ -87,7 +87,7 @@ def test_a_context_parallel_group_across_pods_leaves_rank_and_master_to_the_laun
 
 
 def test_pods_carry_no_api_credentials_only_a_progress_token() -> None:
-    children = render_children(make_job("cats").job(), "ns", SETTINGS)
+    children = render_children(make_job("cats").world(nodes=2).job(), "ns", SETTINGS)
     assert [o["kind"] for o in children.all()] == ["Service", "ConfigMap", "Job"]
     pod = children.job["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
@@ -111,11 +111,18 @@ def test_without_a_progress_endpoint_pods_get_no_token() -> None:
 
 
 def test_headless_service_resolves_not_ready_pods() -> None:
-    svc = render_children(make_job("cats").job(), "ns", SETTINGS).service
-    assert svc["metadata"]["name"] == "cats"
+    svc = render_children(make_job("cats").world(nodes=2).job(), "ns", SETTINGS).service
+    assert svc is not None and svc["metadata"]["name"] == "cats"
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"muralist.dev/job-name": "cats"}
     assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("rendezvous", 29500), ("claims", 29400)]
+
+
+def test_a_one_pod_job_has_nobody_to_meet() -> None:
+    children = render_children(make_job("cats").job(), "ns", SETTINGS)
+    assert children.service is None and [o["kind"] for o in children.all()] == ["ConfigMap", "Job"]
+    assert "subdomain" not in children.job["spec"]["template"]["spec"]
+    assert env_of(children.job)["MURALIST_CLAIMS_ADDR"] == "127.0.0.1:29400"
 
 
 def test_spec_config_map_holds_the_resolved_runtime_spec() -> None:
