@@ -19,6 +19,7 @@ REASON_MAX_RESTARTS = "MaxRestartsExceeded"
 REASON_POD_FAILED = "PodFailed"
 REASON_STALLED = "Stalled"
 REASON_EVICTED = "Evicted"
+REASON_WORLD_FAILED = "WorldPeerFailed"
 
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Complete", "Failed", "Ready", "Stalled")
 
@@ -46,10 +47,11 @@ class DeleteSelf:
 @dataclass(frozen=True)
 class StopPod:
     """Delete one pod (the Job controller retries its index like any failure), after noting on
-    it why (observe.STALLED_ANNOTATION)."""
+    it why (observe.STOPPED_ANNOTATION)."""
 
     name: str
     uid: str
+    reason: str
     note: str
 
 

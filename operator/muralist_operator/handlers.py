@@ -289,7 +289,7 @@ class Reconciler:
                 self.kube.set_job_suspend(ns, name, action.suspend)
             elif isinstance(action, StopPod):
                 log.info("deleting pod %s/%s: %s", ns, action.name, action.note)
-                self.kube.stop_pod(ns, action.name, action.uid, action.note)
+                self.kube.stop_pod(ns, action.name, action.uid, action.reason, action.note)
             elif isinstance(action, DeleteSelf):
                 log.info("deleting DiffusionJob %s/%s: %s", ns, name, action.reason)
                 self.kube.delete_diffusion_job(ns, name)

@@ -19,7 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from muralist_runtime.spec import GROUP, PLURAL, VERSION
 
-from muralist_operator.observe import STALLED_ANNOTATION
+from muralist_operator.observe import STOPPED_ANNOTATION
 
 log = logging.getLogger("muralist.operator")
 
@@ -112,12 +112,12 @@ class Kube:
         # never meets the old pods (same hostnames).
         self._ignore(404, _unread, self.batch.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
 
-    def stop_pod(self, namespace: str, name: str, uid: str, note: str) -> None:
+    def stop_pod(self, namespace: str, name: str, uid: str, reason: str, note: str) -> None:
         """Note on the pod why it goes (its index's failure says so), then delete that very pod
         (the uid precondition: never a replacement of the same name)."""
         try:
             _unread(self.core.patch_namespaced_pod, name, namespace,
-                    {"metadata": {"annotations": {STALLED_ANNOTATION: note}}})
+                    {"metadata": {"annotations": {STOPPED_ANNOTATION: f"{reason}: {note}"}}})
         except ApiException as e:
             if e.status == 404:
                 return

@@ -16,6 +16,7 @@ from muralist_runtime.spec.status import TERMINAL_PHASES, DiffusionJobStatus, Ph
 from muralist_operator.decision import (
     REASON_DEADLINE,
     REASON_STALLED,
+    REASON_WORLD_FAILED,
     CreateJob,
     Decision,
     DeleteJob,
@@ -24,7 +25,7 @@ from muralist_operator.decision import (
     Transition,
 )
 from muralist_operator.observe import Observed
-from muralist_operator.policies import deadline, failure, stall, suspension, ttl
+from muralist_operator.policies import deadline, failure, stall, suspension, ttl, world
 from muralist_operator.progress.aggregate import JobProgress
 
 
@@ -171,12 +172,17 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
     if failure.handle(t, job, current, pods):
         return t.decision
 
-    # 6. Running, or still coming up; a pod that stopped progressing is retried alone.
+    # 6. Running, or still coming up; a world spanning pods starts again together; a pod that
+    #    stopped progressing is retried alone.
     if current.start_time and not st.start_time:
         st.start_time = current.start_time
+    for peer in world.peers_to_stop(par, pods):
+        t.act(StopPod(peer.pod.name, peer.pod.uid, REASON_WORLD_FAILED, peer.note))
+        t.event("Warning", REASON_WORLD_FAILED, f"index {peer.pod.index} (pod {peer.pod.name}): {peer.note}; "
+                "deleting it, so that its world starts again together")
     for found in stall.stalled(policy, observed.progress, pods, now):
         note = stall.message(found.quiet)
-        t.act(StopPod(found.pod.name, found.pod.uid, note))
+        t.act(StopPod(found.pod.name, found.pod.uid, REASON_STALLED, note))
         t.event("Warning", REASON_STALLED, f"index {found.pod.index} (pod {found.pod.name}): {note}; deleting it, "
                 "the Job retries it alone")
     latest = failure.by_index(pods)

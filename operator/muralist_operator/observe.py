@@ -16,9 +16,9 @@ from muralist_runtime.spec.contract import COMPLETION_INDEX_ANNOTATION, INDEX_FA
 from muralist_operator.progress.aggregate import JobProgress
 from muralist_operator.render import DISRUPTION_TARGET, LABEL_JOB
 
-# Set by the operator on a pod it deletes for making no progress, so that the index's failure
-# says why (the pod itself only shows exit code 137).
-STALLED_ANNOTATION = "muralist.dev/stalled"
+# Set by the operator on a pod it deletes ("Reason: why"): it made no progress, or a pod of its
+# world failed; so that the index's failure says why (the pod itself only shows exit code 137).
+STOPPED_ANNOTATION = "muralist.dev/stopped"
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,20 @@ class PodView:
     failure_count: int = 0
     # Evicted or preempted (the DisruptionTarget condition): the Job controller does not count it.
     disrupted: bool = False
-    stalled: str = ""  # STALLED_ANNOTATION
+    stopped: str = ""  # STOPPED_ANNOTATION: "Reason: why"
     created: str | None = None
     finished: str | None = None  # when its container terminated
     # The runtime's final summary (termination message), whatever the exit code: the source of
     # truth for a finished pod's counts, pushed progress or not.
     counts: contract.Counts | None = None
+
+    @property
+    def stop_reason(self) -> str:
+        return self.stopped.partition(":")[0].strip() if self.stopped else ""
+
+    @property
+    def stop_note(self) -> str:
+        return self.stopped.partition(":")[2].strip() if self.stopped else ""
 
     @property
     def terminal(self) -> bool:
@@ -142,7 +150,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
         uid=meta.get("uid", ""),
         failure_count=_int(annotations.get(INDEX_FAILURE_COUNT_ANNOTATION), 0),
         disrupted=disrupted,
-        stalled=annotations.get(STALLED_ANNOTATION, ""),
+        stopped=annotations.get(STOPPED_ANNOTATION, ""),
         created=meta.get("creationTimestamp"),
         finished=finished,
         counts=counts,

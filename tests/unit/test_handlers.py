@@ -57,7 +57,7 @@ class FakeKube:
     def post_event(self, owner: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append(reason)
 
-    def stop_pod(self, namespace: str, name: str, uid: str, note: str) -> None:
+    def stop_pod(self, namespace: str, name: str, uid: str, reason: str, note: str) -> None:
         self.stopped.append(name)
 
 

@@ -189,7 +189,8 @@ def test_a_stalled_pod_alone_is_deleted() -> None:
                       index_progress(1, done=1, last=NOW - timedelta(seconds=5)))
     d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=[pod(0), pod(1)], progress=pushed), NOW)
     assert d.status.phase == Phase.RUNNING
-    assert d.actions == [StopPod("cats-0-0", "uid-0-0", "no progress for 300s (runPolicy.stallTimeoutSeconds)")]
+    note = "no progress for 300s (runPolicy.stallTimeoutSeconds)"
+    assert d.actions == [StopPod("cats-0-0", "uid-0-0", "Stalled", note)]
     assert [(e.type, e.reason) for e in d.events] == [("Warning", "Stalled")]
 
 

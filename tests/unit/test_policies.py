@@ -15,8 +15,8 @@ from muralist_operator.decision import (
     Transition,
     iso,
 )
-from muralist_operator.policies import deadline, failure, stall, suspension, ttl
-from muralist_runtime.spec.api import RunPolicy
+from muralist_operator.policies import deadline, failure, stall, suspension, ttl, world
+from muralist_runtime.spec.api import ContextParallelSpec, Parallelism, RunPolicy
 from muralist_runtime.spec.status import MAX_INDEX_ENTRIES, DiffusionJobStatus, Phase
 
 from tests.builders import make_job
@@ -157,7 +157,7 @@ def test_a_new_failure_is_recorded_once_with_its_reason_and_an_event() -> None:
 
 
 def test_a_stalled_pod_says_so() -> None:
-    _, t = decide_failures([failed(2, code=137, message="", stalled="no progress for 90s")])
+    _, t = decide_failures([failed(2, code=137, message="", stopped="Stalled: no progress for 90s")])
     [entry] = t.status.indexes
     assert (entry.last_failure_reason, entry.last_failure) == (REASON_STALLED, "pod cats-2-0: no progress for 90s")
 
@@ -191,3 +191,37 @@ def prog(index: int = 0, quiet: float | None = None, finished: bool = False, pod
 def test_stall(timeout: int | None, indexes: list, pods: list, expected: list) -> None:
     found = stall.stalled(RunPolicy(stall_timeout_seconds=timeout), progress(*indexes), pods, NOW)
     assert [(s.pod.name, s.quiet) for s in found] == expected
+
+
+def spanning(nodes: int = 4, ppn: int = 2, degree: int = 4) -> Parallelism:
+    """A context-parallel group of `degree` ranks over pods of `ppn` (built past the admission
+    rule that still keeps groups inside a pod)."""
+    par = make_job().world(nodes=nodes, gpus=ppn).job().spec.parallelism
+    return par.model_copy(update={"strategy": "ContextParallel",
+                                  "context_parallel": ContextParallelSpec(ulysses_degree=degree)})
+
+
+FAILED_AT = ago(10)
+
+
+@pytest.mark.parametrize(
+    ("par", "pods", "expected"),
+    [
+        (make_job().world(nodes=4).job().spec.parallelism,
+         [pod(0), failed(1, finished=FAILED_AT), pod(2), pod(3)], []),  # worlds of one pod: never
+        (spanning(), [pod(0), failed(1, finished=FAILED_AT), pod(2), pod(3)], [("cats-0-0", 1)]),
+        (spanning(), [failed(0, finished=FAILED_AT), pod(1), pod(2), pod(3)], [("cats-1-0", 0)]),
+        # A failure the operator caused is not passed on (or the worlds would stop each other).
+        (spanning(), [pod(0), failed(1, finished=FAILED_AT, stopped="WorldPeerFailed: index 0 failed")], []),
+        # The world is starting again: its new pods are not stopped.
+        (spanning(), [failed(0, finished=FAILED_AT), pod(1, created=ago(1))], []),
+        (spanning(), [failed(0, finished=FAILED_AT), pod(1, "Succeeded")], []),
+        (spanning(), [failed(0, finished=FAILED_AT), pod(1, deleting=True)], []),
+        # Its retry replaced the failed pod: nothing left to pass on.
+        (spanning(), [failed(0, finished=FAILED_AT), pod(0, failures=1), pod(1)], []),
+    ],
+    ids=["one-pod-worlds", "peer-of-1", "peer-of-0", "caused-by-us", "new-peer", "peer-done", "peer-going",
+         "retried"],
+)
+def test_a_world_spanning_pods_starts_again_together(par: Parallelism, pods: list, expected: list) -> None:
+    assert [(s.pod.name, s.failed.index) for s in world.peers_to_stop(par, pods)] == expected

@@ -27,7 +27,6 @@ from muralist_operator.decision import (
     REASON_MAX_RESTARTS,
     REASON_PERMANENT,
     REASON_POD_FAILED,
-    REASON_STALLED,
     DeleteJob,
     Transition,
     iso,
@@ -81,8 +80,8 @@ def by_index(pods: list[PodView]) -> dict[int, IndexFailures]:
 
 
 def failure_reason(pod: PodView) -> str:
-    if pod.stalled:
-        return REASON_STALLED
+    if pod.stop_reason:
+        return pod.stop_reason
     if pod.termination is not None and pod.termination.permanent:
         return REASON_PERMANENT
     return REASON_POD_FAILED
@@ -90,8 +89,8 @@ def failure_reason(pod: PodView) -> str:
 
 def describe(pod: PodView) -> str:
     """What went wrong with this pod, in one line."""
-    if pod.stalled:
-        return pod.stalled
+    if pod.stopped:
+        return pod.stop_note or pod.stopped
     term = pod.termination
     if term is None:
         return "failed"
