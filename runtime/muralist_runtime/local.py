@@ -142,8 +142,7 @@ def agent_commands(runtime: RuntimeSpec, spec_file: str, port: int, claims_port:
                                                                                               dict[str, str]]]:
     """One (argv, extra env) per node: each pod's container command, from the pod contract,
     with this machine standing in for the pods' addresses."""
-    argv = contract.pod_command(sys.executable)
-    argv[argv.index("--spec") + 1] = spec_file
+    argv = contract.pod_command(spec_file, python=sys.executable)
     out = []
     for node in range(runtime.spec.parallelism.nodes):
         env = {
