@@ -53,6 +53,8 @@ pytestmark = [
 def field(pod: Any, path: str) -> str:
     if path.startswith("metadata.annotations["):
         return str((pod.metadata.annotations or {}).get(path.split("'")[1], ""))  # the kubelet: "" when absent
+    if path.startswith("metadata.labels["):  # the Job controller's own JOB_COMPLETION_INDEX
+        return str((pod.metadata.labels or {}).get(path.split("'")[1], ""))
     return str({"metadata.namespace": pod.metadata.namespace, "metadata.name": pod.metadata.name}[path])
 
 
@@ -212,16 +214,19 @@ def test_rendered_accelerate_command_runs_two_pods_to_completion(dj: DJ, tmp_pat
     node.wait([node.start(p) for p in pods])
     assert pngs(node) == [f"{p:05d}-{i:03d}.png" for p in range(2) for i in range(2)]
     manifest = [json.loads(line) for line in (node.output / "acc" / "manifest.jsonl").read_text().splitlines()]
-    assert {m["rank"] for m in manifest} == {0, 1}, "both pods rendered"
+    # Both pods ran to exit 0 (node.wait); which one claimed which chunk is up to their speed.
+    assert [m["key"] for m in manifest] == [f"{p:05d}-{i:03d}" for p in range(2) for i in range(2)]
 
 
 def test_a_stalled_pod_is_retried_alone_and_the_job_completes(dj: DJ, tmp_path: Path) -> None:
-    manifest = small_job("stall").prompts("a red fox", "a lighthouse").run_policy(stallTimeoutSeconds=20).obj()
+    prompts = ["a red fox", "a lighthouse", "a castle", "a boat", "an owl", "a mural"]
+    manifest = small_job("stall").prompts(*prompts).run_policy(stallTimeoutSeconds=20).obj()
     dj.create(manifest)
     pods = {pod_index(p): p for p in dj.wait_pods("stall", 2)}
     node = LocalNode(dj, "stall", tmp_path)
-    # Pod 1's rank (global rank 1) blocks forever after its first image: alive, no progress.
-    first = node.start(pods[0])
+    # Pod 1's rank (global rank 1) blocks forever after its first image: alive, no progress. Pod 0
+    # is slowed down (half a second a step) so that pod 1 surely claims work before it is gone.
+    first = node.start(pods[0], {contract.MURALIST_TEST_STEP_SLEEP: "0.5", contract.MURALIST_TEST_SLOW_RANK: "0"})
     stuck = node.start(pods[1], {contract.MURALIST_TEST_HANG_AFTER: "1", contract.MURALIST_TEST_HANG_RANK: "1"})
     try:
         retried = wait_for(lambda: (s := dj.status("stall")).get("restarts") == 1 and s, timeout=120,
@@ -242,6 +247,6 @@ def test_a_stalled_pod_is_retried_alone_and_the_job_completes(dj: DJ, tmp_path: 
         if pod.status.phase == "Running":
             set_pod_fate(dj.core, pod.metadata.name, dj.ns, "succeed", after="100ms")
     done = dj.wait_phase("stall", "Succeeded")
-    assert done["restarts"] == 1 and done["progress"]["summary"] == "4/4"
-    assert pngs(node) == [f"{p:05d}-{i:03d}.png" for p in range(2) for i in range(2)]
+    assert done["restarts"] == 1 and done["progress"]["summary"] == "12/12"
+    assert pngs(node) == [f"{p:05d}-{i:03d}.png" for p in range(6) for i in range(2)]
     assert all(i.endswith((".png", ".json")) for i in node.images())  # no temporary files left behind
