@@ -175,3 +175,12 @@ class DJ:
     def events(self, name: str) -> list[str]:
         items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
         return [e.reason for e in items if e.involved_object.kind == "DiffusionJob"]
+
+    def wait_events(self, name: str, *reasons: str, timeout: float = 30) -> list[str]:
+        """The job's event reasons once all of `reasons` are among them: kopf posts events
+        asynchronously, after the status patch a test may have waited for."""
+        return wait_for(
+            lambda: set(reasons) <= set(got := self.events(name)) and got,
+            timeout=timeout,
+            message=f"events {sorted(reasons)} on {name} (now {self.events(name)})",
+        )

@@ -291,7 +291,9 @@ def crds(control_plane: Any) -> Iterator[None]:
         == 0
     )
     for path in sorted((CHART / "crds").glob("*.yaml")):
-        kubectl(control_plane, "apply", "--server-side", "-f", str(path))
+        # --force-conflicts: the cluster tests may have created the CRD with the API client first
+        # (another field manager), as an upgrade from a hand-applied CRD would be.
+        kubectl(control_plane, "apply", "--server-side", "--force-conflicts", "-f", str(path))
     kubectl(
         control_plane,
         "wait",

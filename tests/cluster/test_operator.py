@@ -75,7 +75,7 @@ def test_creates_children_and_succeeds(dj: DJ, control_plane: Any) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert {"JobCreated", "Running", "Completed"} <= set(dj.events("cats"))
+    dj.wait_events("cats", "JobCreated", "Running", "Completed")
 
 
 def test_a_failed_pod_is_retried_alone(dj: DJ) -> None:
@@ -107,7 +107,7 @@ def test_a_failed_pod_is_retried_alone(dj: DJ) -> None:
     # The first pods of indexes 0, 1 and 3 ran to the end: never replaced.
     succeeded = {pod_index(p): p.metadata.uid for p in dj.pods("cats") if p.status.phase == "Succeeded"}
     assert succeeded == {**first, 2: retry.metadata.uid}
-    assert "PodFailed" in dj.events("cats")
+    dj.wait_events("cats", "PodFailed")
 
 
 def test_failures_beyond_max_restarts_fail(dj: DJ) -> None:
@@ -261,7 +261,7 @@ def test_invalid_job_past_the_crd_becomes_failed(dj: DJ) -> None:
     failed = dj.wait_phase("cats", "Failed")
     assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["InvalidSpec"]
     assert "spec.prompts" in failed["message"]
-    assert "InvalidSpec" in dj.events("cats")
+    dj.wait_events("cats", "InvalidSpec")
 
 
 def test_a_job_too_large_for_its_spec_config_map_fails_with_the_reason(dj: DJ) -> None:
@@ -272,7 +272,7 @@ def test_a_job_too_large_for_its_spec_config_map_fails_with_the_reason(dj: DJ) -
     failed = dj.wait_phase("huge", "Failed")
     assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["InvalidSpec"]
     assert failed["message"].startswith("spec.prompts: 22000 inline prompts") and "promptsFrom" in failed["message"]
-    assert "InvalidSpec" in dj.events("huge")
+    dj.wait_events("huge", "InvalidSpec")
     with pytest.raises(ApiException) as err:
         dj.batch.read_namespaced_job("huge", dj.ns)
     assert err.value.status == 404

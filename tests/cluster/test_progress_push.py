@@ -116,7 +116,7 @@ def test_a_pod_that_stops_stepping_is_retried_alone(dj: DJ) -> None:
                        message="the stalled pod retried")
     assert [(e["index"], e["lastFailureReason"]) for e in retried["indexes"]] == [(1, "Stalled")]
     assert "no progress for" in retried["indexes"][0]["lastFailure"] and retried["phase"] == "Running"
-    assert "Stalled" in dj.events("stall")
+    dj.wait_events("stall", "Stalled")
     again = wait_for(lambda: next((p for p in dj.pods("stall", index=1) if p.status.phase == "Running"
                                    and p.metadata.uid != pods[1].metadata.uid), None), timeout=60,
                      message="a new pod for index 1")
