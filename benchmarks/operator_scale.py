@@ -30,6 +30,7 @@ import concurrent.futures
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,7 @@ class Recorder:
     pod_added: dict[Key, float] = field(default_factory=dict)
     pod_done: dict[Key, float] = field(default_factory=dict)  # last pod of the owner Succeeded
     dj_succeeded: dict[Key, float] = field(default_factory=dict)
+    dj_added: dict[Key, float] = field(default_factory=dict)
     _pods_done: set[tuple[str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -105,6 +107,8 @@ class Recorder:
                 self.pod_done[key] = now  # one pod per job here; the latest one wins
 
     def on_dj(self, kind: str, dj: dict[str, Any], now: float) -> None:
+        with self.lock:
+            self.dj_added.setdefault((dj["metadata"]["namespace"], dj["metadata"]["name"]), now)
         if (dj.get("status") or {}).get("phase") == "Succeeded":
             meta = dj["metadata"]
             with self.lock:
@@ -170,11 +174,26 @@ class Operator:
 
     def __init__(self, kubeconfig: Path, log: Path):
         self.log = open(log, "wb")  # noqa: SIM115 (owned by the process)
+        port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0",
-             "--metrics-port", "0", "--runtime-image", "muralist-runtime:bench"],
+             "--metrics-port", "0", "--runtime-image", "muralist-runtime:bench",
+             # The progress endpoint as in production (its certificate made at start), on a free port.
+             "--progress-port", str(port), "--progress-url", f"https://localhost:{port}",
+             "--progress-tls-name", "localhost"],
             stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "KUBECONFIG": str(kubeconfig)}, start_new_session=True)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the operator and its descendants so far."""
+        total = 0.0
+        for pid in process_tree(self.proc.pid):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def peak_rss_mib(self) -> float:
         """VmHWM of the operator and its descendants (MiB)."""
@@ -189,6 +208,12 @@ class Operator:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def process_tree(pid: int) -> Iterator[int]:
@@ -237,11 +262,26 @@ def plain_job(name: str) -> dict[str, Any]:
     }
 
 
-def create_all(count: int, create: Callable[[int], None]) -> dict[int, float]:
-    """Create `count` objects with a few threads; returns each one's send time."""
+def rendered_job(name: str, namespace: str) -> dict[str, Any]:
+    """The Job the operator would create for dj_manifest(name), without the operator: the
+    floor of the Job controller for exactly our Job (per-index retries, podFailurePolicy)."""
+    from muralist_operator.render import OperatorSettings, render_job
+    from muralist_runtime.spec.problems import parse_job
+
+    job = render_job(parse_job(dj_manifest(name, namespace)), namespace,
+                     OperatorSettings(runtime_image="muralist-runtime:bench"))
+    job["metadata"] = {"name": name, "namespace": namespace}
+    return job
+
+
+def create_all(count: int, create: Callable[[int], None], over: float = 0.0) -> dict[int, float]:
+    """Create `count` objects with a few threads, the i-th no sooner than i/count of `over`
+    seconds from now; returns each one's send time."""
     sent: dict[int, float] = {}
+    begin = time.monotonic()
 
     def one(i: int) -> None:
+        time.sleep(max(0.0, begin + over * i / count - time.monotonic()))
         sent[i] = time.monotonic()
         create(i)
 
@@ -321,23 +361,29 @@ def operator_round(api: Any, rec: Recorder, op: Operator, n: int, ns: str,
                f"{n} DiffusionJobs to succeed (operator log: {op.log.name})")
     total = max(rec.dj_succeeded[k] for k in keys) - t0
     start = {(ns, names[i]): t for i, t in sent.items()}
+    seen, to_job = deltas(start, rec.dj_added, keys), deltas(rec.dj_added, rec.job_added, keys)
+    print(f"  N={n} operator: creates sent over {max(sent.values()) - t0:.1f}s; DJ create -> seen by a watch "
+          f"{summary(seen)}; DJ seen -> its Job {summary(to_job)}", flush=True)
     out = (deltas(start, rec.job_added, keys), deltas(start, rec.pod_added, keys),
            deltas(rec.pod_done, rec.dj_succeeded, keys), total)
     delete_namespace(api, ns)
     return out
 
 
-def floor_round(api: Any, rec: Recorder, n: int, ns: str,
-                timeout: float) -> tuple[list[float], list[float], float]:
+def floor_round(api: Any, rec: Recorder, n: int, ns: str, timeout: float,
+                shape: str = "plain", over: float = 0.0) -> tuple[list[float], list[float], float]:
     fresh_namespace(api, ns)
     batch = client.BatchV1Api(api)
     names = [f"job-{i:03d}" for i in range(n)]
-    sent = create_all(n, lambda i: batch.create_namespaced_job(ns, plain_job(names[i])))
+    body = plain_job if shape == "plain" else lambda name: rendered_job(name, ns)
+    sent = create_all(n, lambda i: batch.create_namespaced_job(ns, body(names[i])), over)
     t0 = min(sent.values())
     keys = [(ns, name) for name in names]
     wait_until(lambda: all(k in rec.job_complete for k in keys), timeout, f"{n} Jobs to complete")
     total = max(rec.job_complete[k] for k in keys) - t0
     start = {(ns, names[i]): t for i, t in sent.items()}
+    print(f"  N={n} floor: creates sent over {max(sent.values()) - t0:.1f}s; Job create -> seen by a watch "
+          f"{summary(deltas(start, rec.job_added, keys))}", flush=True)
     out = (deltas(start, rec.pod_added, keys), deltas(rec.pod_done, rec.job_complete, keys), total)
     delete_namespace(api, ns)
     return out
@@ -373,6 +419,11 @@ def main() -> int:
     parser.add_argument("--bin-dir", type=Path, default=None,
                         help="control plane binaries (default: hack/cluster-binaries.sh's cache)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    parser.add_argument("--floor-over", type=float, default=0.0,
+                        help="spread the floor's creates over this many seconds (as slow DiffusionJob creates "
+                        "spread the operator's Jobs), to tell the Job controller's queueing from the operator's cost")
+    parser.add_argument("--floor", choices=["plain", "rendered"], default="plain",
+                        help="the floor's Jobs: plain Indexed Jobs, or exactly the Job the operator renders")
     args = parser.parse_args()
     bin_dir = args.bin_dir or controlplane.default_bin_dir()
     if missing := controlplane.missing_binaries(bin_dir):
@@ -403,8 +454,12 @@ def main() -> int:
         operator_round(api, rec, op, 1, "bench-warmup", 120)
         for n in args.sizes:
             timeout = 120 + 2 * n
+            cpu0 = op.cpu_seconds()
             dj_job, dj_pod, pod_dj, total = operator_round(api, rec, op, n, f"bench-op-{n}", timeout)
-            floor_pod, floor_done, floor_total = floor_round(api, rec, n, f"bench-floor-{n}", timeout)
+            print(f"  N={n} operator CPU during its round (and the namespace's deletion): "
+                  f"{op.cpu_seconds() - cpu0:.1f}s", flush=True)
+            floor_pod, floor_done, floor_total = floor_round(api, rec, n, f"bench-floor-{n}", timeout,
+                                                             args.floor, args.floor_over)
             rows.append(Row(n, dj_job, dj_pod, floor_pod, pod_dj, floor_done, total, floor_total,
                             op.peak_rss_mib()))
             loads.append(load_average())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,8 +46,18 @@ def apply_crd(api: Any) -> dict[str, Any]:
     return body
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class OperatorProcess:
-    """`muralist operator` against a test control plane; can be killed and restarted."""
+    """`muralist operator` against a test control plane; can be killed and restarted.
+
+    Its progress endpoint listens on a free port of this machine, for pods that post from here
+    (tests/cluster/test_pod_e2e.py): `progress_host` must be a name (or address) that reaches
+    this machine from where the pods run; the self-managed certificate names it."""
 
     def __init__(
         self,
@@ -55,9 +66,20 @@ class OperatorProcess:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         runtime_image: str = "muralist-runtime:test",
+        progress_host: str = "localhost",
+        operator_namespace: str = "default",
     ):
         self.kubeconfig, self.log_dir, self.runtime_image = kubeconfig, log_dir, runtime_image
-        self.extra_args = extra_args or []
+        self.progress_port = free_port()
+        self.progress_url = f"https://{progress_host}:{self.progress_port}"
+        self.operator_namespace = operator_namespace
+        self.extra_args = [
+            "--operator-namespace", operator_namespace,
+            "--progress-port", str(self.progress_port),
+            "--progress-url", self.progress_url,
+            "--progress-tls-name", progress_host,
+            *(extra_args or []),
+        ]
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -103,6 +125,10 @@ class OperatorProcess:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))
 
 
+def pod_index(pod: Any) -> int:
+    return int(pod.metadata.annotations["batch.kubernetes.io/job-completion-index"])
+
+
 class DJ:
     """Small client for DiffusionJobs and their children in one namespace."""
 
@@ -131,20 +157,30 @@ class DJ:
             message=f"{name} to reach {phase} (now {self.status(name).get('phase')})",
         )
 
-    def pods(self, name: str, attempt: int | None = None) -> list[Any]:
-        selector = f"muralist.dev/job-name={name}"
-        if attempt is not None:
-            selector += f",muralist.dev/attempt={attempt}"
-        pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
-        return [p for p in pods if p.metadata.deletion_timestamp is None]
+    def pods(self, name: str, index: int | None = None) -> list[Any]:
+        """The job's pods not being deleted (of one completion index, if given), oldest first."""
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=f"muralist.dev/job-name={name}").items
+        pods = [p for p in pods if p.metadata.deletion_timestamp is None
+                and (index is None or pod_index(p) == index)]
+        return sorted(pods, key=lambda p: (pod_index(p), p.metadata.creation_timestamp))
 
-    def wait_pods(self, name: str, count: int, attempt: int = 0, phase: str = "Running") -> list[Any]:
+    def wait_pods(self, name: str, count: int, phase: str = "Running") -> list[Any]:
+        """`count` pods of the job in `phase`, by completion index."""
         return wait_for(
-            lambda: len(ps := [p for p in self.pods(name, attempt) if p.status.phase == phase]) == count and ps,
+            lambda: len(ps := [p for p in self.pods(name) if p.status.phase == phase]) == count and ps,
             timeout=60,
-            message=f"{count} {phase} pods of {name} attempt {attempt}",
+            message=f"{count} {phase} pods of {name}",
         )
 
     def events(self, name: str) -> list[str]:
         items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
         return [e.reason for e in items if e.involved_object.kind == "DiffusionJob"]
+
+    def wait_events(self, name: str, *reasons: str, timeout: float = 30) -> list[str]:
+        """The job's event reasons once all of `reasons` are among them: kopf posts events
+        asynchronously, after the status patch a test may have waited for."""
+        return wait_for(
+            lambda: set(reasons) <= set(got := self.events(name)) and got,
+            timeout=timeout,
+            message=f"events {sorted(reasons)} on {name} (now {self.events(name)})",
+        )

@@ -1,4 +1,5 @@
-"""Builders for what the operator observes (JobView, PodView), shared by the decision tests."""
+"""Builders for what the operator observes (JobView, PodView, pushed progress), shared by the
+decision tests."""
 
 from __future__ import annotations
 
@@ -7,16 +8,39 @@ from typing import Any
 
 from muralist_operator.decision import iso
 from muralist_operator.observe import JobView, PodView, Termination
+from muralist_operator.progress.aggregate import IndexProgress, JobProgress
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
 
-def job_view(attempt: int = 0, **fields: Any) -> JobView:
-    base: dict[str, Any] = dict(attempt=attempt, deleting=False, suspended=False, complete=False, failed=False,
+def job_view(**fields: Any) -> JobView:
+    base: dict[str, Any] = dict(deleting=False, suspended=False, complete=False, failed=False,
                                 failure_reason="", failure_message="", ready=0,
                                 start_time=iso(NOW - timedelta(seconds=30)))
     return JobView(**(base | fields))
 
 
-def pod(index: int = 0, phase: str = "Running", attempt: int = 0, term: Termination | None = None) -> PodView:
-    return PodView(attempt=attempt, index=index, phase=phase, deleting=False, termination=term)
+def pod(index: int = 0, phase: str = "Running", failures: int = 0, term: Termination | None = None,
+        **fields: Any) -> PodView:
+    """Pod `cats-<index>-<failures>` of retry `failures` of its index."""
+    base: dict[str, Any] = dict(name=f"cats-{index}-{failures}", uid=f"uid-{index}-{failures}", deleting=False,
+                                failure_count=failures, created=iso(NOW - timedelta(seconds=60 - failures)))
+    return PodView(index=index, phase=phase, termination=term, **(base | fields))
+
+
+def failed(index: int = 0, failures: int = 0, code: int = 1, message: str = "boom", **fields: Any) -> PodView:
+    return pod(index, "Failed", failures, Termination(code, "Error", message), **fields)
+
+
+def index_progress(index: int = 0, done: int = 0, total: int = 10, last: datetime | None = None,
+                   pod_name: str | None = None, finished: bool = False, failures: int = 0) -> IndexProgress:
+    return IndexProgress(index=index, pod=pod_name or f"cats-{index}-{failures}", attempt=failures, done=done,
+                         failed=0, total=total, progress_time=last, last_post=0.0, final=False, done_flag=finished)
+
+
+def progress(*indexes: IndexProgress, total: int = 10, ips: float | None = None,
+             eta: int | None = None) -> JobProgress:
+    done = sum(i.done for i in indexes)
+    return JobProgress(completed=done, failed=0, total=total, percent=round(100 * done / total, 1) if total else None,
+                       images_per_second=ips, estimated_seconds_remaining=eta, ranks=len(indexes),
+                       indexes={i.index: i for i in indexes})

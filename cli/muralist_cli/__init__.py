@@ -87,6 +87,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Peering priority: the highest runs, the others stand by (default: random, so replicas differ).",
     )
+    p.add_argument("--operator-namespace", default=None,
+                   help="Where the operator's own objects live (the progress certificate's Secret); default the "
+                   "pod's namespace (POD_NAMESPACE or the service account's), else 'default'.")
+    g = p.add_argument_group("progress endpoint (pods post their counts here over HTTPS)")
+    g.add_argument("--progress-port", type=int, default=8443, help="Port (0: no endpoint; status counts then come "
+                   "from the pods' termination messages only).")
+    g.add_argument("--progress-url", default=None,
+                   help="Base URL the pods post to; default https://SERVICE.NAMESPACE.svc:PORT.")
+    g.add_argument("--progress-service", default="muralist-progress",
+                   help="The progress Service's name: the certificate names it.")
+    g.add_argument("--progress-tls-secret", default="muralist-progress-tls",
+                   help="Secret of the self-managed CA and certificate (created and renewed by the operator).")
+    g.add_argument("--progress-tls-name", action="append", default=[],
+                   help="Another DNS name or IP address for the self-managed certificate (repeatable).")
+    g.add_argument("--progress-tls-dir", default=None,
+                   help="Read tls.crt, tls.key and ca.crt from this directory instead (cert-manager's Secret, "
+                   "mounted); re-read every minute.")
+    g.add_argument("--progress-active-label", action="store_true",
+                   help="Label this replica's pod (POD_ID) muralist.dev/progress-active=true while it reconciles, "
+                   "for a progress Service in front of several replicas.")
     p.add_argument("--log-format", choices=["plain", "json"], default="plain")
     p.add_argument("--verbose", "-v", action="store_true")
 

@@ -179,9 +179,21 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.progress.summary",
         "description": "Images completed / total",
     },
+    {
+        "name": "ETA",
+        "type": "string",
+        "jsonPath": ".status.progress.eta",
+        "description": "Estimated time left, from the rate of the last minute",
+    },
     {"name": "Strategy", "type": "string", "jsonPath": ".spec.parallelism.strategy"},
     {"name": "World", "type": "integer", "jsonPath": ".status.worldSize", "description": "nodes x processesPerNode"},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+    {
+        "name": "Restarts",
+        "type": "integer",
+        "jsonPath": ".status.restarts",
+        "priority": 1,
+        "description": "Pod retries, all indexes together",
+    },
     {
         "name": "DP",
         "type": "integer",

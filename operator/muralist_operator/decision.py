@@ -18,13 +18,14 @@ REASON_PERMANENT = "PermanentError"
 REASON_MAX_RESTARTS = "MaxRestartsExceeded"
 REASON_POD_FAILED = "PodFailed"
 REASON_STALLED = "Stalled"
+REASON_EVICTED = "Evicted"
+REASON_WORLD_FAILED = "WorldPeerFailed"
 
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Complete", "Failed", "Ready", "Stalled")
 
 
 @dataclass(frozen=True)
 class CreateJob:
-    attempt: int
     active_deadline_seconds: int | None
 
 
@@ -43,7 +44,18 @@ class DeleteSelf:
     reason: str
 
 
-Action = CreateJob | DeleteJob | SetJobSuspend | DeleteSelf
+@dataclass(frozen=True)
+class StopPod:
+    """Delete one pod (the Job controller retries its index like any failure), after noting on
+    it why (observe.STOPPED_ANNOTATION)."""
+
+    name: str
+    uid: str
+    reason: str
+    note: str
+
+
+Action = CreateJob | DeleteJob | SetJobSuspend | DeleteSelf | StopPod
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Side effects on the API server: create children, delete, patch status, post events.
 
 Thin wrappers over the kubernetes client that make each call idempotent (409 on create and
-404 on delete are the expected outcomes of a retry, not errors).
+404 on delete are the expected outcomes of a retry, not errors). Responses nobody reads are not
+turned into client models (`_preload_content=False`): with hundreds of jobs starting at once,
+that deserialization was a good part of the operator's CPU.
 """
 
 from __future__ import annotations
@@ -17,7 +19,19 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from muralist_runtime.spec import GROUP, PLURAL, VERSION
 
+from muralist_operator.observe import STOPPED_ANNOTATION
+
 log = logging.getLogger("muralist.operator")
+
+
+def _unread(fn: Any, *args: Any, **kwargs: Any) -> None:
+    """Call without building client models from the response, then hand the connection back to
+    the pool (an unread response keeps it, and the next call pays a new TLS handshake)."""
+    resp = fn(*args, _preload_content=False, **kwargs)
+    try:
+        resp.read()
+    finally:
+        resp.release_conn()
 
 
 def load_config() -> None:
@@ -31,17 +45,20 @@ def load_config() -> None:
 class Kube:
     core: client.CoreV1Api
     batch: client.BatchV1Api
-    rbac: client.RbacAuthorizationV1Api
     custom: client.CustomObjectsApi
+    authentication: client.AuthenticationV1Api
 
     @classmethod
-    def connect(cls) -> Kube:
-        api = client.ApiClient()
+    def connect(cls, pool: int = 64) -> Kube:
+        config_ = client.Configuration.get_default_copy()
+        # kopf's workers, the clock and the progress endpoint's verifiers share this client.
+        config_.connection_pool_maxsize = pool
+        api = client.ApiClient(config_)
         return cls(
             client.CoreV1Api(api),
             client.BatchV1Api(api),
-            client.RbacAuthorizationV1Api(api),
             client.CustomObjectsApi(api),
+            client.AuthenticationV1Api(api),
         )
 
     # -- the DiffusionJob itself
@@ -54,8 +71,10 @@ class Kube:
                 return None
             raise
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """The job as written (the reconciler's next pass starts from it)."""
+        return self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                                 {"status": status})
 
     def delete_diffusion_job(self, namespace: str, name: str) -> None:
         self._ignore(
@@ -78,13 +97,10 @@ class Kube:
         creators = {
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
-            "ServiceAccount": self.core.create_namespaced_service_account,
-            "Role": self.rbac.create_namespaced_role,
-            "RoleBinding": self.rbac.create_namespaced_role_binding,
             "Job": self.batch.create_namespaced_job,
         }
         try:
-            creators[obj["kind"]](ns, obj)
+            _unread(creators[obj["kind"]], ns, obj)
         except ApiException as e:
             if e.status == 409:
                 return False
@@ -92,12 +108,32 @@ class Kube:
         return True
 
     def delete_job(self, namespace: str, name: str) -> None:
-        # Foreground: the Job object stays until its pods are gone, so the next group never
-        # meets the old one (same hostnames, same rendezvous port).
-        self._ignore(404, self.batch.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
+        # Foreground: the Job object stays until its pods are gone, so a Job created again
+        # never meets the old pods (same hostnames).
+        self._ignore(404, _unread, self.batch.delete_namespaced_job, name, namespace, propagation_policy="Foreground")
+
+    def stop_pod(self, namespace: str, name: str, uid: str, reason: str, note: str) -> None:
+        """Note on the pod why it goes (its index's failure says so), then delete that very pod
+        (the uid precondition: never a replacement of the same name)."""
+        try:
+            _unread(self.core.patch_namespaced_pod, name, namespace,
+                    {"metadata": {"annotations": {STOPPED_ANNOTATION: f"{reason}: {note}"}}})
+        except ApiException as e:
+            if e.status == 404:
+                return
+            raise
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        try:
+            _unread(self.core.delete_namespaced_pod, name, namespace, body=body)
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone, or another pod of that name now
+                raise
+
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
+        _unread(self.core.patch_namespaced_pod, name, namespace, {"metadata": {"labels": labels}})
 
     def set_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
-        self._ignore(404, self.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspend}})
+        self._ignore(404, _unread, self.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspend}})
 
     # -- events
 
@@ -126,7 +162,7 @@ class Kube:
             "reportingInstance": "muralist-operator",
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], event)
+            _unread(self.core.create_namespaced_event, meta["namespace"], event)
         except ApiException as e:  # an event lost is not worth failing a reconcile
             log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)
 

@@ -1,9 +1,9 @@
 """Decide what a DiffusionJob needs next, from what was observed. Pure: no API calls.
 
-`decide` takes the job, its current status and the observed children, and returns the new
-status, the actions to take on children, and the events to emit once the status is written.
-It applies the policies (policies/) in order; handlers.py observes, calls this, writes the
-status once, acts.
+`decide` takes the job, its current status, the observed children and the progress the pods
+pushed, and returns the new status, the actions to take on children, and the events to emit
+once the status is written. It applies the policies (policies/) in order; handlers.py
+observes, calls this, writes the status once, acts.
 """
 
 from __future__ import annotations
@@ -16,42 +16,98 @@ from muralist_runtime.spec.status import TERMINAL_PHASES, DiffusionJobStatus, Ph
 from muralist_operator.decision import (
     REASON_DEADLINE,
     REASON_STALLED,
+    REASON_WORLD_FAILED,
     CreateJob,
     Decision,
     DeleteJob,
     DeleteSelf,
+    StopPod,
     Transition,
 )
-from muralist_operator.observe import Observed, RankReport
-from muralist_operator.policies import deadline, failure, stall, suspension, ttl
+from muralist_operator.observe import Observed
+from muralist_operator.policies import deadline, failure, stall, suspension, ttl, world
+from muralist_operator.progress.aggregate import JobProgress
 
 
-def aggregate_progress(status: DiffusionJobStatus, ranks: dict[str, RankReport], known_total: int | None) -> None:
-    writers = [r for r in ranks.values() if r.total > 0 or r.completed or r.skipped]
-    completed = sum(r.completed + r.skipped for r in writers)
-    failed = sum(r.failed for r in writers)
-    total = known_total if known_total is not None else sum(r.total for r in writers)
-    progress = status.progress
-    progress.total = max(total, progress.total)
-    progress.completed = min(max(completed, progress.completed), progress.total or completed)
-    progress.failed = failed
-    progress.summary = f"{progress.completed}/{progress.total}"
+def eta_text(seconds: int | None) -> str:
+    """4m10s, 2h05m, 3d04h: what a person reads in `kubectl get dj`."""
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
-def _create_pod_group(t: Transition, job: DiffusionJob, now: datetime) -> Decision:
-    """No pod group: create one (the first, or the next after a restart)."""
+def apply_progress(status: DiffusionJobStatus, pushed: JobProgress | None, known_total: int | None) -> None:
+    """status.progress from the pods' pushed counts (and their termination messages, which the
+    aggregator holds too). Counts never go down: after an operator restart the status keeps
+    what was written until the pods have posted again."""
+    p = status.progress
+    if known_total is not None:
+        p.total = known_total
+    elif pushed is not None:
+        p.total = max(p.total, pushed.total)
+    if pushed is not None:
+        p.completed = max(p.completed, pushed.completed)
+        p.failed = pushed.failed
+        p.images_per_second = pushed.images_per_second
+        p.estimated_seconds_remaining = pushed.estimated_seconds_remaining
+    if p.total:
+        p.completed = min(p.completed, p.total)
+        p.percent = min(100.0, round(100.0 * (p.completed + p.failed) / p.total, 1))
+    _summarise(status)
+
+
+def finish_progress(status: DiffusionJobStatus) -> None:
+    """A finished job has no rate or time left; a successful one has every image accounted for
+    (pods whose counts never reached us finished too)."""
+    p = status.progress
+    if status.phase == Phase.SUCCEEDED:
+        p.completed = max(p.completed, p.total - p.failed)
+        p.total = max(p.total, p.completed + p.failed)
+        p.percent = 100.0 if p.total else p.percent
+        p.estimated_seconds_remaining = 0
+    else:
+        p.estimated_seconds_remaining = None
+    p.images_per_second = None
+    _summarise(status)
+
+
+def _summarise(status: DiffusionJobStatus) -> None:
+    p = status.progress
+    p.summary = f"{p.completed}/{p.total}"
+    p.eta = eta_text(p.estimated_seconds_remaining)
+
+
+def _create_job(t: Transition, job: DiffusionJob, now: datetime) -> Decision:
+    """No Job: create it (once; it retries its own pods)."""
     st, par, policy = t.status, job.spec.parallelism, job.spec.run_policy
-    t.act(CreateJob(st.restarts, deadline.remaining(st, policy, now)))
-    t.condition("Created", True, "JobCreated", f"pod group {st.restarts} created")
-    t.event("Normal", "JobCreated",
-            f"created pod group {st.restarts}: {par.nodes} pod(s), world size {par.world_size}")
-    if st.phase == Phase.RESTARTING:
-        return t.decision
+    t.act(CreateJob(deadline.remaining(st, policy, now)))
+    t.condition("Created", True, "JobCreated", f"{par.nodes} pod(s) created")
+    t.event("Normal", "JobCreated", f"created {par.nodes} pod(s), world size {par.world_size}")
     if suspension.created_suspended(policy):
         t.phase(Phase.SUSPENDED, *suspension.reason(policy))
     else:
-        t.phase(Phase.PENDING, "JobCreated", f"waiting for {par.nodes} pod(s)")
+        t.phase(Phase.PENDING, "Starting", f"0/{par.nodes} pod(s) running")
     return t.decision
+
+
+def _running_message(job: DiffusionJob, observed: Observed, running: int) -> tuple[str, str]:
+    par, limit = job.spec.parallelism, job.spec.run_policy.max_restarts
+    base = f"{par.nodes} pod(s), world size {par.world_size}"
+    retrying = failure.retrying(observed.pods, limit)
+    if not retrying:
+        return "Running", base
+    first = retrying[0]
+    pod = first.last_failed
+    why = failure.describe(pod) if pod is not None else "failed"
+    more = f" (and {len(retrying) - 1} more)" if len(retrying) > 1 else ""
+    return "Retrying", (f"{running}/{par.nodes} pod(s) running; index {first.index}{more} is retried "
+                        f"({min(first.failures, limit)}/{limit}) after: {why}")
 
 
 def decide(
@@ -62,38 +118,42 @@ def decide(
     par, policy = job.spec.parallelism, job.spec.run_policy
     st.world_size, st.data_parallel_degree = par.world_size, par.data_parallel_degree
     st.output_path = job.output_path
-    aggregate_progress(st, observed.ranks, job.total_images)
+    apply_progress(st, observed.progress, job.total_images)
 
     # 1. Finished jobs only wait for their time-to-live.
     if st.phase in TERMINAL_PHASES:
+        finish_progress(st)
         gone = ttl.expired(st, policy, now)
         if gone:
             t.act(DeleteSelf(gone))
         return t.decision
 
-    attempt, current = st.restarts, observed.job
-    pods = [p for p in observed.pods if p.attempt == attempt and not p.deleting]
+    decision = _decide_running(t, job, observed, now)
+    if st.phase in TERMINAL_PHASES:
+        finish_progress(st)
+    return decision
 
-    # 2. The deadline counts from the first start, across restarts.
+
+def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: datetime) -> Decision:
+    st = t.status
+    par, policy = job.spec.parallelism, job.spec.run_policy
+    current, pods = observed.job, observed.pods
+
+    # 2. The deadline counts from the first start.
     if deadline.exceeded(st, policy, now):
         t.phase(Phase.FAILED, REASON_DEADLINE, deadline.message(policy))
         if current is not None and not current.deleting:
             t.act(DeleteJob(REASON_DEADLINE))
         return t.decision
 
-    # 3. No pod group: create one.
+    # 3. No Job: create it. One being deleted (by someone else) goes first.
     if current is None:
-        return _create_pod_group(t, job, now)
-
-    # 4. A group left over from before a restart goes first.
-    if current.attempt < attempt or current.deleting:
-        if not current.deleting:
-            t.act(DeleteJob("stale pod group"))
-        if st.phase != Phase.RESTARTING:
-            t.phase(Phase.RESTARTING, "Restarting", "waiting for the previous pod group to go")
+        return _create_job(t, job, now)
+    if current.deleting:
+        t.phase(Phase.PENDING, "JobDeleted", "the Job is being deleted; it is created again once it is gone")
         return t.decision
 
-    # 5. Suspension (by the user, or by Kueue until it admits the Job).
+    # 4. Suspension (by the user, or by Kueue until it admits the Job).
     flip = suspension.action(policy, current)
     if flip is not None:
         t.act(flip)
@@ -101,28 +161,39 @@ def decide(
         t.phase(Phase.SUSPENDED, *suspension.reason(policy))
         return t.decision
 
-    # 6. Outcomes.
+    # 5. Outcomes: the Job's, and each index's failures.
     if current.complete:
-        st.progress.completed = st.progress.total = max(st.progress.total, st.progress.completed)
-        st.progress.summary = f"{st.progress.completed}/{st.progress.total}"
-        t.phase(Phase.SUCCEEDED, "Completed", f"{st.progress.completed} images in {job.output_path}")
+        t.phase(Phase.SUCCEEDED, "Completed", f"{max(st.progress.completed, st.progress.total - st.progress.failed)} "
+                f"images in {job.output_path}")
         return t.decision
     if current.failed and current.failure_reason == REASON_DEADLINE:
         t.phase(Phase.FAILED, REASON_DEADLINE, deadline.message(policy))
         return t.decision
-    if failure.handle_failure(t, job, current, pods):
+    if failure.handle(t, job, current, pods):
         return t.decision
 
-    # 7. Running, or still coming up; a group that stopped progressing is restarted.
+    # 6. Running, or still coming up; a world spanning pods starts again together; a pod that
+    #    stopped progressing is retried alone.
     if current.start_time and not st.start_time:
         st.start_time = current.start_time
-    quiet = stall.stalled_seconds(policy, observed.ranks, attempt, now)
-    if quiet is not None:
-        failure.restart_or_fail(t, job, REASON_STALLED, stall.message(quiet))
-        return t.decision
-    running = [p for p in pods if p.phase == "Running"]
-    if len(running) >= par.nodes or current.ready >= par.nodes:
-        t.phase(Phase.RUNNING, "Running", f"{par.nodes} pod(s), world size {par.world_size}")
+    for peer in world.peers_to_stop(par, pods):
+        t.act(StopPod(peer.pod.name, peer.pod.uid, REASON_WORLD_FAILED, peer.note))
+        t.event("Warning", REASON_WORLD_FAILED, f"index {peer.pod.index} (pod {peer.pod.name}): {peer.note}; "
+                "deleting it, so that its world starts again together")
+    for found in stall.stalled(policy, observed.progress, pods, now):
+        note = stall.message(found.quiet)
+        t.act(StopPod(found.pod.name, found.pod.uid, REASON_STALLED, note))
+        t.event("Warning", REASON_STALLED, f"index {found.pod.index} (pod {found.pod.name}): {note}; deleting it, "
+                "the Job retries it alone")
+    latest = failure.by_index(pods)
+    running = sum(1 for s in latest.values() if s.newest.phase == "Running" and not s.newest.deleting)
+    done = sum(1 for s in latest.values() if s.newest.phase == "Succeeded")
+    if running + done >= par.nodes or current.ready >= par.nodes or st.phase == Phase.RUNNING:
+        # Once running, a job stays Running while single indexes are retried.
+        t.phase(Phase.RUNNING, *_running_message(job, observed, running))
     else:
-        t.phase(Phase.PENDING, "Starting", f"{len(running)}/{par.nodes} pod(s) running")
+        reason, message = _running_message(job, observed, running)
+        t.phase(Phase.PENDING, "Starting" if reason == "Running" else reason,
+                f"{running}/{par.nodes} pod(s) running" if reason == "Running" else message)
     return t.decision
+

@@ -1,12 +1,18 @@
-"""`muralist operator`: wire settings, the reconciler, metrics and the clock, then run kopf."""
+"""`muralist operator`: wire settings, the reconciler, the progress endpoint, metrics and the
+clock, then run kopf."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import getpass
 import logging
 import os
 import random
+import socket
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -14,7 +20,20 @@ from muralist_runtime.spec.contract import MURALIST_RUNTIME_IMAGE
 
 from muralist_operator import handlers, metrics
 from muralist_operator.kube import Kube, load_config
-from muralist_operator.render import OperatorSettings
+from muralist_operator.peering import Peering
+from muralist_operator.progress.aggregate import Aggregator
+from muralist_operator.progress.auth import TokenVerifier
+from muralist_operator.progress.server import ProgressServer
+from muralist_operator.progress.tls import TlsMaterial, ensure_certificate, read_mounted
+from muralist_operator.render import LABEL_JOB, OperatorSettings
+
+log = logging.getLogger("muralist.operator")
+
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# The label the active replica puts on its own pod; with several replicas the chart's progress
+# Service selects it, so posts reach the replica that reconciles.
+ACTIVE_LABEL = "muralist.dev/progress-active"
+TLS_CHECK_SECONDS = {"secret": 3600.0, "mounted": 60.0}
 
 
 def settings_from(args: argparse.Namespace) -> OperatorSettings:
@@ -22,15 +41,95 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
     return OperatorSettings(runtime_image=image) if image else OperatorSettings()
 
 
+def operator_namespace(args: argparse.Namespace) -> str:
+    if getattr(args, "operator_namespace", None):
+        return str(args.operator_namespace)
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        return SA_NAMESPACE_FILE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def own_identity() -> str:
+    """kopf's peering identity (kopf/_core/engines/peering.py detect_own_id), made here so that
+    our peering check knows which entry is ours."""
+    pod = os.environ.get("POD_ID")
+    if pod:
+        return pod
+    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    return f"{getpass.getuser()}@{socket.gethostname()}/{stamp}/{random.randbytes(3).hex()}"
+
+
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     # We post our own Events (one per transition); kopf's would repeat handler log lines.
     settings.posting.enabled = False
-    settings.execution.max_workers = 16
+    # Sync handlers wait on the API server most of the time: with hundreds of jobs created at
+    # once, more of them in flight keeps each job's path to its Job short (the GIL is not the
+    # limit: a reconcile costs well under a millisecond of Python).
+    settings.execution.max_workers = 48
     # Reconnect watches promptly: a stale stream would delay every reaction.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
+    # Only our Jobs and pods, filtered by the API server: a cluster's other workloads never
+    # reach this process (the handlers' own label filters stay, as a second line).
+    settings.watching.label_selectors["batch", "v1", "jobs"] = LABEL_JOB
+    settings.watching.label_selectors["", "v1", "pods"] = LABEL_JOB
+    if handlers.RECONCILER is not None:
+        handlers.RECONCILER.remember_indexes(kwargs, listed=False)
+
+
+class Progress:
+    """The progress endpoint and its certificate, kept fresh from the clock thread."""
+
+    def __init__(self, args: argparse.Namespace, kube: Kube, namespace: str) -> None:
+        self.args, self.kube, self.namespace = args, kube, namespace
+        self.mode = "mounted" if args.progress_tls_dir else "secret"
+        self.tls = self._material()
+        self.server: ProgressServer | None = None
+        self._checked = time.monotonic()
+
+    def _material(self) -> TlsMaterial:
+        if self.args.progress_tls_dir:
+            return read_mounted(self.args.progress_tls_dir)
+        return ensure_certificate(self.kube.core, self.namespace, self.args.progress_tls_secret,
+                                  self.args.progress_service, extra_names=self.args.progress_tls_name)
+
+    @property
+    def url(self) -> str:
+        return self.args.progress_url or (
+            f"https://{self.args.progress_service}.{self.namespace}.svc:{self.args.progress_port}")
+
+    def settings(self, base: OperatorSettings) -> OperatorSettings:
+        ca = self.tls.ca_pem.decode() if self.tls.ca_pem else None
+        return dataclasses.replace(base, progress_url=self.url, progress_ca=ca)
+
+    def start(self, reconciler: handlers.Reconciler, is_active: Any) -> None:
+        verifier = TokenVerifier(self.kube.authentication, reconciler.pod_lookup)
+        self.server = ProgressServer(
+            verifier, reconciler.on_report, self.tls, host="0.0.0.0", port=self.args.progress_port,
+            is_active=is_active, job_exists=reconciler.job_exists,
+            interval=lambda _ns, _job: reconciler.aggregator.suggested_interval(),
+            lookups_block=False,  # the pod lookup and job_exists read kopf's indexes: memory only
+        ).start()
+        log.info("progress endpoint on port %d; pods post to %s", self.server.port, self.url)
+
+    def renew(self, reconciler: handlers.Reconciler) -> None:
+        """A chore of the clock thread: pick up a renewed certificate (and CA, for new jobs)."""
+        if time.monotonic() - self._checked < TLS_CHECK_SECONDS[self.mode]:
+            return
+        self._checked = time.monotonic()
+        material = self._material()
+        if material.fingerprint == self.tls.fingerprint:
+            return
+        log.info("serving a renewed progress certificate (valid until %s)", material.not_after.isoformat())
+        self.tls = material
+        if self.server is not None:
+            self.server.update_tls(material)
+        reconciler.settings = self.settings(reconciler.settings)
 
 
 def run_operator(args: argparse.Namespace) -> int:
@@ -40,12 +139,37 @@ def run_operator(args: argparse.Namespace) -> int:
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
     )
     logging.getLogger("muralist").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    if not args.verbose:
+        # kopf logs "Handler ... succeeded" for every event of every child: thousands of lines a
+        # minute with hundreds of jobs, and their formatting costs CPU. Failures still show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     load_config()
-    handlers.RECONCILER = handlers.Reconciler(Kube.connect(), settings_from(args))
+    kube = Kube.connect()
+    namespace = operator_namespace(args)
+    identity = own_identity()
+    # kopf pauses every replica when two share a priority: make them differ.
+    priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
+    peering = Peering(kube.custom, args.peering, identity, priority, namespaces=namespaces)
+    settings = settings_from(args)
+    progress = Progress(args, kube, namespace) if args.progress_port else None
+    settings = progress.settings(settings) if progress else dataclasses.replace(settings, progress_url=None)
+    reconciler = handlers.RECONCILER = handlers.Reconciler(kube, settings, Aggregator(), is_active=peering.active)
+    reconciler.chores.append(lambda: peering.check() if peering.due() else None)
+    if progress is not None:
+        progress.start(reconciler, is_active=lambda: peering.active() and reconciler.listed)
+        reconciler.chores.append(lambda: progress.renew(reconciler))
+    if args.progress_active_label:
+        pod = os.environ.get("POD_ID")
+        if not pod:
+            raise SystemExit("--progress-active-label needs POD_ID (the operator's pod name, from the downward API)")
+        mark = lambda active: kube.label_pod(namespace, pod, {ACTIVE_LABEL: "true" if active else None})  # noqa: E731
+        peering.listeners.append(mark)
+        if peering.standalone:
+            mark(True)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     stop = threading.Event()
-    clock = threading.Thread(target=handlers.RECONCILER.run_clock, args=(stop,), name="muralist-clock", daemon=True)
+    clock = threading.Thread(target=reconciler.run_clock, args=(stop,), name="muralist-clock", daemon=True)
     clock.start()
     try:
         kopf.run(
@@ -53,10 +177,14 @@ def run_operator(args: argparse.Namespace) -> int:
             namespaces=namespaces,
             standalone=args.peering is None,
             peering_name=args.peering,
-            # kopf pauses every replica when two share a priority: make them differ.
-            priority=args.priority if args.priority is not None else random.randint(1, 1_000_000),
+            identity=identity,  # type: ignore[arg-type]
+            priority=priority,
             liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
         )
     finally:
         stop.set()
+        reconciler.wake.set()
+        if progress is not None and progress.server is not None:
+            progress.server.stop()
     return 0
+

@@ -1,24 +1,28 @@
 """Summaries of the children the operator watches: plain data, built from API objects.
 
 The kopf indexes store these instead of whole objects (less memory with hundreds of jobs),
-and `lifecycle.decide` reads only these.
+and `lifecycle.decide` reads only these, plus the job's progress as the pods pushed it
+(progress.aggregate.JobProgress).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from muralist_runtime.spec import contract
-from muralist_runtime.spec.contract import COMPLETION_INDEX_ANNOTATION
+from muralist_runtime.spec.contract import COMPLETION_INDEX_ANNOTATION, INDEX_FAILURE_COUNT_ANNOTATION
 
-from muralist_operator.render import LABEL_ATTEMPT, LABEL_JOB
+from muralist_operator.progress.aggregate import JobProgress
+from muralist_operator.render import DISRUPTION_TARGET, LABEL_JOB
+
+# Set by the operator on a pod it deletes ("Reason: why"): it made no progress, or a pod of its
+# world failed; so that the index's failure says why (the pod itself only shows exit code 137).
+STOPPED_ANNOTATION = "muralist.dev/stopped"
 
 
 @dataclass(frozen=True)
 class JobView:
-    attempt: int
     deleting: bool
     suspended: bool
     complete: bool
@@ -27,6 +31,7 @@ class JobView:
     failure_message: str
     ready: int
     start_time: str | None
+    failed_indexes: str = ""  # status.failedIndexes: indexes out of retries ("1,3-5")
 
 
 @dataclass(frozen=True)
@@ -52,37 +57,46 @@ class Termination:
 
 @dataclass(frozen=True)
 class PodView:
-    attempt: int
     index: int
     phase: str
     deleting: bool
     termination: Termination | None
+    name: str = ""
+    uid: str = ""
+    # The Job controller's count of this index's failures before this pod (backoffLimitPerIndex).
+    failure_count: int = 0
+    # Evicted or preempted (the DisruptionTarget condition): the Job controller does not count it.
+    disrupted: bool = False
+    stopped: str = ""  # STOPPED_ANNOTATION: "Reason: why"
+    created: str | None = None
+    finished: str | None = None  # when its container terminated
+    # The runtime's final summary (termination message), whatever the exit code: the source of
+    # truth for a finished pod's counts, pushed progress or not.
+    counts: contract.Counts | None = None
 
+    @property
+    def stop_reason(self) -> str:
+        return self.stopped.partition(":")[0].strip() if self.stopped else ""
 
-@dataclass(frozen=True)
-class RankReport:
-    attempt: int
-    completed: int
-    skipped: int
-    failed: int
-    total: int
-    # The last sign of *progress* (a denoising step or an image written), not mere liveness:
-    # a rank stuck in a collective keeps its reporter thread alive but stops stepping.
-    progress_time: str | None
+    @property
+    def stop_note(self) -> str:
+        return self.stopped.partition(":")[2].strip() if self.stopped else ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def counted_failure(self) -> bool:
+        """A failure the Job controller counts against its index's retries."""
+        return self.phase == "Failed" and not self.disrupted
 
 
 @dataclass
 class Observed:
     job: JobView | None = None
     pods: list[PodView] = field(default_factory=list)
-    ranks: dict[str, RankReport] = field(default_factory=dict)
-
-
-def _attempt(labels: dict[str, str]) -> int:
-    try:
-        return int(labels.get(LABEL_ATTEMPT, "0"))
-    except ValueError:
-        return 0
+    progress: JobProgress | None = None
 
 
 def job_view(body: dict[str, Any]) -> JobView:
@@ -90,7 +104,6 @@ def job_view(body: dict[str, Any]) -> JobView:
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     failed = conditions.get("Failed") or {}
     return JobView(
-        attempt=_attempt(meta.get("labels") or {}),
         deleting=bool(meta.get("deletionTimestamp")),
         suspended=bool(spec.get("suspend")),
         complete="Complete" in conditions,
@@ -99,51 +112,49 @@ def job_view(body: dict[str, Any]) -> JobView:
         failure_message=failed.get("message", ""),
         ready=int(status.get("ready") or 0),
         start_time=status.get("startTime"),
+        failed_indexes=status.get("failedIndexes") or "",
     )
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
 
 
 def pod_view(body: dict[str, Any]) -> PodView:
     meta, status = body.get("metadata", {}), body.get("status") or {}
-    termination = None
+    termination, counts, finished = None, None, None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
-        if term and term.get("exitCode", 0) != 0:
-            termination = Termination(
-                exit_code=int(term.get("exitCode", 1)),
-                reason=term.get("reason", ""),
-                message=term.get("message", "") or "",
-            )
+        if not term:
+            continue
+        finished = term.get("finishedAt") or finished
+        message = term.get("message", "") or ""
+        report = contract.Termination.parse(message) if message else None
+        if report is not None:
+            counts = report.counts
+        if term.get("exitCode", 0) != 0:
+            termination = Termination(exit_code=int(term.get("exitCode", 1)), reason=term.get("reason", ""),
+                                      message=message)
     annotations = meta.get("annotations") or {}
-    try:
-        index = int(annotations.get(COMPLETION_INDEX_ANNOTATION, "-1"))
-    except ValueError:
-        index = -1
+    disrupted = any(c.get("type") == DISRUPTION_TARGET and c.get("status") == "True"
+                    for c in status.get("conditions") or [])
     return PodView(
-        attempt=_attempt(meta.get("labels") or {}),
-        index=index,
+        index=_int(annotations.get(COMPLETION_INDEX_ANNOTATION), -1),
         phase=status.get("phase", "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
         termination=termination,
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        failure_count=_int(annotations.get(INDEX_FAILURE_COUNT_ANNOTATION), 0),
+        disrupted=disrupted,
+        stopped=annotations.get(STOPPED_ANNOTATION, ""),
+        created=meta.get("creationTimestamp"),
+        finished=finished,
+        counts=counts,
     )
-
-
-def rank_reports(data: dict[str, str] | None) -> dict[str, RankReport]:
-    """The progress ConfigMap's `rank-<r>` entries; malformed ones are ignored."""
-    out: dict[str, RankReport] = {}
-    for key, raw in (data or {}).items():
-        try:
-            value = json.loads(raw)
-            out[key] = RankReport(
-                attempt=int(value.get("attempt", 0)),
-                completed=int(value.get("completed", 0)),
-                skipped=int(value.get("skipped", 0)),
-                failed=int(value.get("failed", 0)),
-                total=int(value.get("total", 0)),
-                progress_time=max(filter(None, (value.get("lastStepTime"), value.get("lastImageTime"))), default=None),
-            )
-        except (ValueError, TypeError, AttributeError):
-            continue
-    return out
 
 
 def owner_of(body: dict[str, Any]) -> str | None:

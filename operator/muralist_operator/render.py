@@ -15,19 +15,27 @@ from muralist_runtime.spec import contract
 from muralist_runtime.spec.api import DiffusionJob
 from muralist_runtime.spec.catalog import CONFIGMAP_MAX_BYTES, TINY_MODEL_NAMES, model_size_gib
 from muralist_runtime.spec.contract import (
+    CLAIMS_PORT,
     COMPLETION_INDEX_ANNOTATION,
     HF_HOME,
+    INDEX_FAILURE_COUNT_ANNOTATION,
     MASTER_PORT,
     OUTPUT_MOUNT,
+    PERMANENT_FAILURE_EXIT_CODE,
+    PROGRESS_AUDIENCE,
+    PROGRESS_CA_KEY,
+    PROGRESS_TOKEN_DIR,
+    PROGRESS_TOKEN_FILE,
+    PROGRESS_TOKEN_SECONDS,
     PROMPTS_DIR,
     PROMPTS_FILE,
     SPEC_DIR,
+    SPEC_FILE,
     SPEC_KEY,
 )
 from muralist_runtime.spec.resolved import RuntimeSpec
 
 LABEL_JOB = "muralist.dev/job-name"
-LABEL_ATTEMPT = "muralist.dev/attempt"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 BASE_LABELS = {"app.kubernetes.io/name": "muralist", "app.kubernetes.io/managed-by": "muralist-operator"}
@@ -45,49 +53,52 @@ class RenderError(ValueError):
     """A valid-looking job that cannot be turned into Kubernetes objects; says how to fix it."""
 
 
+# Where the pods post progress unless the operator is told otherwise: the chart's progress
+# Service in the chart's default namespace.
+DEFAULT_PROGRESS_URL = "https://muralist-progress.muralist-system.svc:8443"
+PROGRESS_TOKEN_VOLUME = "progress-token"
+# Kubernetes adds this pod condition when it evicts or preempts a pod (not the pod's fault).
+DISRUPTION_TARGET = "DisruptionTarget"
+
+
 @dataclass(frozen=True)
 class OperatorSettings:
     runtime_image: str = "ghcr.io/muralist/runtime:0.1.0"
     image_pull_policy: str = "IfNotPresent"
     shm_size: str = "8Gi"
     master_port: int = MASTER_PORT
+    claims_port: int = CLAIMS_PORT
+    # The operator's progress endpoint (contract.progress_url adds the job's path); None: the
+    # pods get no progress endpoint and status counts come from their termination messages.
+    progress_url: str | None = DEFAULT_PROGRESS_URL
+    # The PEM of the CA that signed the endpoint's certificate, handed to the pods in their spec
+    # ConfigMap; None: the pods trust their image's CA bundle (a publicly issued certificate).
+    progress_ca: str | None = None
 
 
 @dataclass(frozen=True)
 class Children:
     """Everything one DiffusionJob owns, in the order it should be created."""
 
-    service: dict[str, Any]
+    service: dict[str, Any] | None  # None for a one-pod job: nobody to meet
     spec_config_map: dict[str, Any]
-    progress_config_map: dict[str, Any]
-    service_account: dict[str, Any] | None
-    role: dict[str, Any]
-    role_binding: dict[str, Any]
     job: dict[str, Any]
 
     def all(self) -> list[dict[str, Any]]:
-        objs = [
-            self.service,
-            self.spec_config_map,
-            self.progress_config_map,
-            self.service_account,
-            self.role,
-            self.role_binding,
-            self.job,
-        ]
-        return [o for o in objs if o is not None]
+        return [o for o in (self.service, self.spec_config_map, self.job) if o is not None]
+
+
+def needs_service(job: DiffusionJob) -> bool:
+    """Pods find pod 0 (its work-claim store, a spanning world's master) by the Service's DNS."""
+    return job.spec.parallelism.nodes > 1
+
+
+def claims_host(job: DiffusionJob) -> str:
+    return contract.master_host(job.metadata.name, 0) if needs_service(job) else "127.0.0.1"
 
 
 def spec_config_map_name(job_name: str) -> str:
     return f"{job_name}-spec"
-
-
-def progress_config_map_name(job_name: str) -> str:
-    return f"{job_name}-progress"
-
-
-def runtime_account_name(job_name: str) -> str:
-    return f"{job_name}-runtime"
 
 
 def job_labels(job: DiffusionJob) -> dict[str, str]:
@@ -102,8 +113,14 @@ def _meta(job: DiffusionJob, name: str, namespace: str, component: str) -> dict[
     }
 
 
+def _ports(settings: OperatorSettings) -> list[tuple[str, int]]:
+    """The rendezvous of a world that spans pods, and the work-claim store the first pod hosts."""
+    return [("rendezvous", settings.master_port), ("claims", settings.claims_port)]
+
+
 def render_service(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> dict[str, Any]:
-    """Headless Service: gives pod `<job>-<i>` the DNS name `<job>-<i>.<job>` for rendezvous."""
+    """Headless Service: gives pod `<job>-<i>` the DNS name `<job>-<i>.<job>`, for the work-claim
+    store on pod 0 and the rendezvous of worlds that span pods."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -114,7 +131,8 @@ def render_service(job: DiffusionJob, namespace: str, settings: OperatorSettings
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: job.metadata.name},
             "ports": [
-                {"name": name, "port": port, "targetPort": port, "protocol": "TCP"} for name, port in _ports(settings)
+                {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
+                for name, port in _ports(settings)
             ],
         },
     }
@@ -139,7 +157,9 @@ def runtime_spec(job: DiffusionJob, namespace: str) -> RuntimeSpec:
     )
 
 
-def render_spec_config_map(job: DiffusionJob, namespace: str) -> dict[str, Any]:
+def render_spec_config_map(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> dict[str, Any]:
+    """The resolved runtime spec, and the CA the pods check the progress endpoint with (both
+    mounted at SPEC_DIR)."""
     payload = runtime_spec(job, namespace).model_dump_json(by_alias=True, exclude_none=True)
     if len(payload.encode()) > CONFIGMAP_MAX_BYTES:
         raise RenderError(
@@ -151,84 +171,62 @@ def render_spec_config_map(job: DiffusionJob, namespace: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(job, spec_config_map_name(job.metadata.name), namespace, "spec"),
-        "data": {SPEC_KEY: payload},
+        "data": {SPEC_KEY: payload, **({PROGRESS_CA_KEY: settings.progress_ca} if _ca(settings) else {})},
     }
 
 
-def render_progress_config_map(job: DiffusionJob, namespace: str) -> dict[str, Any]:
-    """Each rank merges `rank-<r>: {json}` into this ConfigMap; the operator sums them."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _meta(job, progress_config_map_name(job.metadata.name), namespace, "progress"),
-        "data": {},
-    }
-
-
-def render_rbac(job: DiffusionJob, namespace: str) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]:
-    """Least privilege for the pods: patch this job's progress ConfigMap, nothing else."""
-    name = job.metadata.name
-    account = job.spec.pod_template.service_account_name
-    service_account = None
-    if account is None:
-        account = runtime_account_name(name)
-        service_account = {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": _meta(job, account, namespace, "runtime"),
-        }
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _meta(job, runtime_account_name(name), namespace, "runtime"),
-        "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],
-                "resourceNames": [progress_config_map_name(name)],
-                "verbs": ["get", "patch"],
-            }
-        ],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(job, runtime_account_name(name), namespace, "runtime"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": runtime_account_name(name)},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-    }
-    return service_account, role, binding
+def _ca(settings: OperatorSettings) -> bool:
+    return settings.progress_url is not None and bool(settings.progress_ca)
 
 
 def launcher_command(job: DiffusionJob) -> list[str]:
-    """The container command: the pod contract's launch entry point, which starts torchrun (or
-    accelerate launch) for this pod's world."""
-    return contract.pod_command()
+    """The container command: the pod contract's launch entry point, which starts torchrun or
+    accelerate launch for this pod's world (and exits 78 on a permanent failure)."""
+    return contract.pod_command(SPEC_FILE)
 
 
 def _field(path: str) -> dict[str, Any]:
-    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+    return {"fieldRef": {"fieldPath": path}}
 
 
-def _env(job: DiffusionJob, settings: OperatorSettings, attempt: int) -> list[dict[str, Any]]:
+def _annotation(name: str) -> dict[str, Any]:
+    return _field(f"metadata.annotations['{name}']")
+
+
+def _torchrun_env(job: DiffusionJob, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """A pod whose groups fit in it is a world of its own: its whole torchrun configuration is
+    static. A world that spans pods gets its size and port here; its node rank and master
+    depend on the pod's index, and the launch entry point computes them from MURALIST_POD_INDEX."""
     par = job.spec.parallelism
-    name = job.metadata.name
     ppn = par.resolved_processes_per_node
-    world, rdzv = contract.pod_world(name, 0, ppn, par.gpus_per_node, par.group_size, settings.master_port)
+    world, rdzv = contract.pod_world(job.metadata.name, 0, ppn, par.gpus_per_node, par.group_size,
+                                     port=settings.master_port)
     pet = contract.torchrun_env(world, rdzv)
     if world.nodes > 1:
-        # A group over several pods: its node rank and master follow from the pod's index,
-        # which the launch entry point computes (a field reference cannot).
-        del pet[contract.PET_NODE_RANK], pet[contract.PET_MASTER_ADDR]
-    index = f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
-    env: list[dict[str, Any]] = [{"name": var, "value": value} for var, value in pet.items()]
+        pet = {k: v for k, v in pet.items() if k not in (contract.PET_NODE_RANK, contract.PET_MASTER_ADDR)}
+    return [{"name": k, "value": v} for k, v in pet.items()]
+
+
+def _env(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> list[dict[str, Any]]:
+    name = job.metadata.name
+    env = _torchrun_env(job, settings)
     env += [
-        {"name": contract.MURALIST_POD_INDEX, **_field(index)},
-        {"name": contract.MURALIST_POD_NAME, **_field("metadata.name")},
-        {"name": contract.MURALIST_NAMESPACE, **_field("metadata.namespace")},
-        {"name": contract.MURALIST_CLAIMS_ADDR, "value": f"{contract.master_host(name, 0)}:{contract.CLAIMS_PORT}"},
-        {"name": contract.MURALIST_PROGRESS_CONFIGMAP, "value": progress_config_map_name(name)},
-        {"name": contract.MURALIST_ATTEMPT, "value": str(attempt)},
+        {"name": contract.MURALIST_POD_INDEX, "valueFrom": _annotation(COMPLETION_INDEX_ANNOTATION)},
+        {"name": contract.MURALIST_POD_NAME, "valueFrom": _field("metadata.name")},
+        # The Job controller counts each index's failures (backoffLimitPerIndex): this pod's retry.
+        {"name": contract.MURALIST_ATTEMPT, "valueFrom": _annotation(INDEX_FAILURE_COUNT_ANNOTATION)},
+        {"name": contract.MURALIST_NAMESPACE, "valueFrom": _field("metadata.namespace")},
+        {"name": contract.MURALIST_CLAIMS_ADDR, "value": f"{claims_host(job)}:{settings.claims_port}"},
+    ]
+    if settings.progress_url is not None:
+        env += [
+            {"name": contract.MURALIST_PROGRESS_URL,
+             "value": contract.progress_url(settings.progress_url, namespace, name)},
+            {"name": contract.MURALIST_PROGRESS_TOKEN, "value": PROGRESS_TOKEN_FILE},
+        ]
+        if _ca(settings):
+            env.append({"name": contract.MURALIST_PROGRESS_CA, "value": f"{SPEC_DIR}/{PROGRESS_CA_KEY}"})
+    env += [
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": HF_HOME},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -242,7 +240,7 @@ def _env(job: DiffusionJob, settings: OperatorSettings, attempt: int) -> list[di
     return env
 
 
-def _volumes(job: DiffusionJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(job: DiffusionJob, settings: OperatorSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     name = job.metadata.name
     volumes: list[dict[str, Any]] = [
         {"name": "spec", "configMap": {"name": spec_config_map_name(name)}},
@@ -259,6 +257,14 @@ def _volumes(job: DiffusionJob) -> tuple[list[dict[str, Any]], list[dict[str, An
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "hf-cache", "mountPath": HF_HOME},
     ]
+    if settings.progress_url is not None:
+        # The pods' only credential: a short-lived token for the operator's progress endpoint,
+        # useless against the API server (its audience is not the API server's); the kubelet
+        # rotates it. No API token is mounted (automountServiceAccountToken: false).
+        source = {"audience": PROGRESS_AUDIENCE, "expirationSeconds": PROGRESS_TOKEN_SECONDS,
+                  "path": PROGRESS_TOKEN_FILE.removeprefix(PROGRESS_TOKEN_DIR + "/")}
+        volumes.append({"name": PROGRESS_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": source}]}})
+        mounts.append({"name": PROGRESS_TOKEN_VOLUME, "mountPath": PROGRESS_TOKEN_DIR, "readOnly": True})
     source = job.spec.prompts_from
     if source is not None:
         ref = source.config_map_key_ref
@@ -296,15 +302,15 @@ def _resources(job: DiffusionJob) -> dict[str, Any]:
     return resources
 
 
-def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSettings, attempt: int) -> dict[str, Any]:
+def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> dict[str, Any]:
     tpl = job.spec.pod_template
-    volumes, mounts = _volumes(job)
+    volumes, mounts = _volumes(job, settings)
     container = {
         "name": CONTAINER_NAME,
         "image": job.spec.image or settings.runtime_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": launcher_command(job),
-        "env": _env(job, settings, attempt),
+        "env": _env(job, namespace, settings),
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _ports(settings)],
         "resources": _resources(job),
         "volumeMounts": mounts,
@@ -318,9 +324,10 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
         },
     }
     pod_spec: dict[str, Any] = {
-        "subdomain": job.metadata.name,
+        **({"subdomain": job.metadata.name} if needs_service(job) else {}),
         "restartPolicy": "Never",
-        "serviceAccountName": tpl.service_account_name or runtime_account_name(job.metadata.name),
+        # The pods talk to no API server: the service account only signs the progress token.
+        "automountServiceAccountToken": False,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUNTIME_UID,
@@ -332,6 +339,7 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
         "volumes": volumes,
     }
     optional = {
+        "serviceAccountName": tpl.service_account_name,
         "nodeSelector": tpl.node_selector or None,
         "tolerations": tpl.tolerations or None,
         "affinity": tpl.affinity,
@@ -340,10 +348,24 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
         "imagePullSecrets": tpl.image_pull_secrets or None,
     }
     pod_spec.update({k: v for k, v in optional.items() if v is not None})
-    labels = {**tpl.labels, **job_labels(job), LABEL_ATTEMPT: str(attempt), LABEL_COMPONENT: "worker"}
+    labels = {**tpl.labels, **job_labels(job), LABEL_COMPONENT: "worker"}
     return {
         "metadata": {"labels": labels, "annotations": dict(tpl.annotations)},
         "spec": pod_spec,
+    }
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """What the Job controller does with a failed pod before counting it against its index."""
+    return {
+        "rules": [
+            # The runtime's verdict that retrying cannot help (the launch entry point exits 78).
+            {"action": "FailJob",
+             "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In",
+                             "values": [PERMANENT_FAILURE_EXIT_CODE]}},
+            # Evicted or preempted: not the pod's fault, retried without counting.
+            {"action": "Ignore", "onPodConditions": [{"type": DISRUPTION_TARGET, "status": "True"}]},
+        ]
     }
 
 
@@ -352,24 +374,27 @@ def render_job(
     namespace: str,
     settings: OperatorSettings,
     *,
-    attempt: int = 0,
     active_deadline_seconds: int | None = None,
 ) -> dict[str, Any]:
-    """The Indexed Job: one pod per node, all-or-nothing (a failed pod fails the group)."""
+    """The Indexed Job: one pod per node, each index its own failure domain. A failed pod is
+    retried alone by the Job controller, up to runPolicy.maxRestarts times per index; an index
+    out of retries, or a permanent failure (exit 78), fails the Job."""
     nodes = job.spec.parallelism.nodes
     policy = job.spec.run_policy
-    labels = {**job_labels(job), LABEL_ATTEMPT: str(attempt), LABEL_COMPONENT: "workers"}
+    labels = {**job_labels(job), LABEL_COMPONENT: "workers"}
     if policy.queue_name:
         labels[KUEUE_QUEUE_LABEL] = policy.queue_name
     spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": nodes,
         "parallelism": nodes,
-        # Restarts are the operator's: the whole torchrun group must start again together.
-        "backoffLimit": 0,
+        # No backoffLimit: with backoffLimitPerIndex it defaults to unlimited, the limit is per index.
+        "backoffLimitPerIndex": policy.max_restarts,
+        "maxFailedIndexes": 0,
+        "podFailurePolicy": pod_failure_policy(),
         # Kueue admits a queued Job by unsuspending it.
         "suspend": bool(policy.suspend or policy.queue_name),
-        "template": render_pod_template(job, namespace, settings, attempt),
+        "template": render_pod_template(job, namespace, settings),
     }
     if active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = active_deadline_seconds
@@ -386,16 +411,10 @@ def render_children(
     namespace: str,
     settings: OperatorSettings,
     *,
-    attempt: int = 0,
     active_deadline_seconds: int | None = None,
 ) -> Children:
-    service_account, role, binding = render_rbac(job, namespace)
     return Children(
-        service=render_service(job, namespace, settings),
-        spec_config_map=render_spec_config_map(job, namespace),
-        progress_config_map=render_progress_config_map(job, namespace),
-        service_account=service_account,
-        role=role,
-        role_binding=binding,
-        job=render_job(job, namespace, settings, attempt=attempt, active_deadline_seconds=active_deadline_seconds),
+        service=render_service(job, namespace, settings) if needs_service(job) else None,
+        spec_config_map=render_spec_config_map(job, namespace, settings),
+        job=render_job(job, namespace, settings, active_deadline_seconds=active_deadline_seconds),
     )

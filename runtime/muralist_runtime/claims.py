@@ -165,6 +165,16 @@ class ClaimClient:
         key = f"{self.namespace}/{name}"
         return int(self._retry(lambda store: store.add(key, amount)))
 
+    def reachable(self, timeout_s: float) -> bool:
+        """Whether the store answers within `timeout_s` (one attempt, no waiting it out)."""
+        from torch.distributed import TCPStore
+
+        try:
+            TCPStore(self.host, self.port, None, False, _timedelta(timeout_s))
+        except (RuntimeError, OSError):
+            return False
+        return True
+
     def append(self, name: str, text: str) -> None:
         """Append to the text value `name` (a list kept in the store, e.g. the chunks a group owns)."""
         key = f"{self.namespace}/{name}"

@@ -1,7 +1,8 @@
 """Failure injection for tests: a rank that dies or hangs after writing N images.
 
-- MURALIST_TEST_EXIT_AFTER=N: a rank (MURALIST_TEST_EXIT_RANK, default 0) `os._exit`s with
-  TEST_KILLED_EXIT_CODE right after writing its N-th image, standing in for a killed pod.
+- MURALIST_TEST_EXIT_AFTER=N: a rank (MURALIST_TEST_EXIT_RANK, default 0; -1: whichever gets
+  there first) `os._exit`s with TEST_KILLED_EXIT_CODE right after writing its N-th image,
+  standing in for a killed pod.
 - MURALIST_TEST_HANG_AFTER=N: a rank (MURALIST_TEST_HANG_RANK, default 0) blocks forever after
   its N-th image, standing in for a stuck rank (its heartbeat goes on, its steps stop).
 
@@ -50,7 +51,7 @@ class TestKnobs:
 
     def image_written(self, rank: int) -> None:
         self.written += 1
-        if self.exit_after and self.written == self.exit_after and rank == self.exit_rank:
+        if self.exit_after and self.written == self.exit_after and self.exit_rank in (rank, -1):
             os._exit(contract.TEST_KILLED_EXIT_CODE)
         if self.hang_after and self.written == self.hang_after and rank == self.hang_rank:
             log.warning("%s=%d: rank %d blocks forever", contract.MURALIST_TEST_HANG_AFTER, self.hang_after, rank)

@@ -57,6 +57,13 @@ def free_port_range(count: int) -> int:
     raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
+def local_ports(nodes: int) -> tuple[int, int]:
+    """(the first world's rendezvous port, the claim store's port): consecutive ports picked
+    together, so that the store never lands on a port a world needs (one world per pod at most)."""
+    first = free_port_range(nodes + 1)
+    return first, first + nodes
+
+
 class _Problems:
     """Collects the manifest reader's reports instead of printing them."""
 
@@ -146,8 +153,7 @@ def agent_commands(runtime: RuntimeSpec, spec_file: str, port: int, claims_port:
                                                                                               dict[str, str]]]:
     """One (argv, extra env) per node: each pod's container command, from the pod contract,
     with this machine standing in for the pods' addresses."""
-    argv = contract.pod_command(sys.executable)
-    argv[argv.index("--spec") + 1] = spec_file
+    argv = contract.pod_command(spec_file, python=sys.executable)
     out = []
     for node in range(runtime.spec.parallelism.nodes):
         env = {
@@ -215,8 +221,8 @@ def _start_agents(runtime: RuntimeSpec, tmp: Path, termination: Path) -> tuple[l
     base_env = {**os.environ, contract.MURALIST_LOCAL: "1", contract.MURALIST_TERMINATION_LOG: str(termination)}
     procs, dirs = [], []
     # Worlds take consecutive ports from the first (one per pod, at most).
-    port = free_port_range(runtime.spec.parallelism.nodes)
-    for node, (argv, env) in enumerate(agent_commands(runtime, str(spec_file), port, free_port())):
+    port, claims_port = local_ports(runtime.spec.parallelism.nodes)
+    for node, (argv, env) in enumerate(agent_commands(runtime, str(spec_file), port, claims_port)):
         progress = tmp / f"progress-{node}"  # each agent stands for a pod: its own progress directory
         dirs.append(progress)
         # Own sessions: Ctrl-C reaches us only, and we forward it once to each agent, which

@@ -74,6 +74,14 @@ class Job:
     gpu: bool
 
 
+# How long a retried pod tries the store before it concludes that a merged job is over.
+STORE_PROBE_SECONDS = 15.0
+
+
+class NothingLeft(Exception):
+    """The job is complete: this process ends with exit 0 without rendering."""
+
+
 def peak_memory_mib() -> float:
     """This process's peak resident memory (VmHWM), for job.json and the termination message."""
     try:
@@ -141,7 +149,7 @@ def check_spec(spec_path: str) -> Job:
 
     runtime = read_spec(spec_path)
     spec = runtime.spec
-    gpu = worldmod.has_gpu()
+    gpu = worldmod.uses_gpu(spec.parallelism)
     if spec.parallelism.gpus_per_node > 0 and not gpu:
         log.warning("spec asks for %d GPUs per node but none is visible: running on CPU",
                     spec.parallelism.gpus_per_node)
@@ -150,7 +158,7 @@ def check_spec(spec_path: str) -> Job:
     plan_of_work = work.make_plan(spec, source_rows.count(), source_rows.start)
     if plan_of_work.rows == 0:
         raise PermanentFailure("spec.dataset", "no rows to render (check start and end)")
-    first = rows.items_of(source_rows.rows(source_rows.start, source_rows.start + 1), spec.generation)[0]
+    first = rows.items_of(rows.peek(runtime), spec.generation)[0]
     # Resolved (a tiny model built) before the world exists: see resolve_model.
     source, revision = pipeline.resolve_model(runtime)
     # The layout against the catalog and the model's config files: seconds, not the minutes
@@ -173,6 +181,11 @@ def set_up_world(job: Job, state: RunState) -> None:
     if layout.hosts_store:
         state.server = claims.ClaimServer(port)
         state.jobfile.write(layout.describe())
+    if not layout.hosts_store and state.jobfile.merged():
+        probe = claims.ClaimClient(host, port, work.NAMESPACE)
+        if not probe.reachable(STORE_PROBE_SECONDS):
+            # This pod was retried after the first pod merged the job and left: nothing is left.
+            raise NothingLeft(f"the job was merged in {state.jobfile.root} and its first pod is gone")
     if layout.writes_images or layout.hosts_store:
         state.claims = claims.ClaimClient(host, port, work.NAMESPACE)
     if layout.writes_images:
@@ -293,7 +306,14 @@ def run(spec_path: str) -> int:
         summarise(job, state)
         state.timings["peakMemoryMiB"] = peak_memory_mib()
         if state.world.layout.local_rank == 0:
-            write_termination(Termination(state.counts, timings=state.timings))
+            # The pod's counts (all its ranks are done: summarise waited for them), the job's total.
+            from .progress import progress_dir, read_counts
+
+            write_termination(Termination(read_counts([progress_dir()]), timings=state.timings))
+        return contract.EXIT_OK
+    except NothingLeft as e:
+        log.info("nothing to do: %s", e)
+        write_termination(Termination(state.counts, message=str(e)))
         return contract.EXIT_OK
     except PermanentFailure as e:
         print(f"muralist: {e}", file=sys.stderr, flush=True)

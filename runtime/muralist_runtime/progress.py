@@ -74,25 +74,51 @@ def progress_dir(env: dict[str, str] | None = None) -> Path:
 
 
 class RankFile:
-    """This rank's state as `rank-<r>.json` in the pod's progress directory (atomic, throttled)."""
+    """This rank's state as `rank-<r>.json` in the pod's progress directory.
+
+    Updates are cheap (a step calls one): a daemon thread writes the latest state at most every
+    `interval`, atomically. Being a thread of its own, it also gets the last state out of a rank
+    whose main thread hangs, so a stall shows as a stall (steps that stopped), not as a rank
+    that never started.
+    """
 
     def __init__(self, directory: Path, rank: int, interval: float = RANK_FILE_INTERVAL_SECONDS):
         self.path = directory / f"rank-{rank}.json"
         self.interval = interval
-        self._last = 0.0
+        self._lock = threading.Lock()
+        self._pending: str | None = None
+        self._stop = threading.Event()
         directory.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="muralist-rank-file", daemon=True)
+        self._thread.start()
 
     def update(self, state: RankState, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self.interval:
+        text = state.to_json()
+        if force:
+            with self._lock:
+                self._pending = None
+            self._write(text)
             return
-        self._last = now
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with self._lock:
+            self._pending = text
+
+    def _write(self, text: str) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{threading.get_ident()}.tmp")
         try:
-            tmp.write_text(state.to_json())
+            tmp.write_text(text)
             os.replace(tmp, self.path)
         except OSError as e:  # progress must never break generation
             log.warning("cannot write %s: %s", self.path, e)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                text, self._pending = self._pending, None
+            if text is not None:
+                self._write(text)
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 @dataclass
@@ -222,12 +248,15 @@ class PodReporter:
         return self._conn
 
     def send(self, final: bool = False) -> None:
+        body = self.body(final)
+        if body["ranks"] == 0:
+            return  # no rank has started yet: nothing to say
         try:
             token = Path(self.target.token_file).read_text().strip()
         except OSError as e:
             log.warning("progress: cannot read the token %s: %s", self.target.token_file, e)
             return
-        data = json.dumps(self.body(final)).encode()
+        data = json.dumps(body).encode()
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
         path = self._url.path + (f"?{self._url.query}" if self._url.query else "")
         try:
@@ -275,7 +304,7 @@ class Progress:
     def __init__(self, rank: int, job_total: int, writes: bool, local: bool, rank_file: RankFile | None = None):
         self.rank = rank
         self.writes = writes
-        self.state = RankState(job_total=job_total)
+        self.state = RankState(Counts(total=job_total if writes else 0), job_total=job_total)
         self.local = local
         self.rank_file = rank_file
         self.steps = 0
@@ -324,3 +353,4 @@ class Progress:
         self._closed = True
         if self.rank_file is not None:
             self.rank_file.update(self.state, force=True)
+            self.rank_file.close()

@@ -105,6 +105,16 @@ def open_rows(runtime: RuntimeSpec) -> Rows:
     return dataset_rows(runtime) if runtime.spec.dataset is not None else inline_rows(runtime)
 
 
+def peek(runtime: RuntimeSpec) -> list[Row]:
+    """The first row, read by a source of its own: the job's source then starts its forward
+    reading at the first chunk instead of going back (a reopen, a re-scan of a big file)."""
+    source = open_rows(runtime)
+    try:
+        return list(source.rows(source.start, source.start + 1))
+    finally:
+        source.close()
+
+
 def items_of(rows: Iterable[Row], generation: Generation) -> list[Item]:
     out: list[Item] = []
     for row in rows:

@@ -166,6 +166,25 @@ def has_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
+def uses_gpu(parallelism: Parallelism) -> bool:
+    """Whether this job runs on GPUs here: it asks for them and the pod sees some. A CPU job
+    (gpusPerNode 0) stays on the CPU on a GPU host too."""
+    return parallelism.gpus_per_node > 0 and has_gpu()
+
+
+def check_devices(layout: Layout) -> None:
+    """Each local rank needs a GPU of its own."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if layout.local_world_size > count:
+        raise PermanentFailure(
+            "spec.parallelism.gpusPerNode",
+            f"{layout.local_world_size} processes per pod, one per GPU, but this pod sees {count} GPU(s); "
+            "request as many GPUs as processes (resources, gpusPerNode)",
+        )
+
+
 def _group_process_group(layout: Layout) -> Any:
     """Every rank creates every group of its world (new_group is collective); keeps its own."""
     import torch.distributed as dist
@@ -189,7 +208,7 @@ def setup_world(parallelism: Parallelism, group_size: int) -> World:
     import torch
     import torch.distributed as dist
 
-    gpu = has_gpu()
+    gpu = uses_gpu(parallelism)
     timeout = datetime.timedelta(seconds=parallelism.collective_timeout_seconds)
     if parallelism.launcher == "accelerate":
         from accelerate import PartialState
@@ -208,6 +227,7 @@ def setup_world(parallelism: Parallelism, group_size: int) -> World:
     check_layout(layout, parallelism)
 
     if gpu:
+        check_devices(layout)
         torch.cuda.set_device(layout.local_rank)
         device = torch.device("cuda", layout.local_rank)
     else:

@@ -86,6 +86,13 @@ class JobFile:
         if why:
             raise PermanentFailure("spec.output.path", f"{self.root} {why}; use another output.path or empty it")
 
+    def merged(self) -> bool:
+        """Whether the job's outputs were merged already (job.json counts its items)."""
+        try:
+            return "items" in json.loads(self.path.read_text())
+        except (OSError, ValueError, TypeError):
+            return False
+
     def write(self, world: dict[str, int], timings: dict[str, float] | None = None,
               summary: dict[str, Any] | None = None) -> None:
         doc: dict[str, Any] = {

@@ -21,6 +21,8 @@ from tests.kube_helpers import fate_annotations, wait_for
 from tests.operator_helpers import OperatorProcess
 
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
+# Not served by the test cluster (no cert-manager): rendered and linted, not dry-run.
+CERT_MANAGER_KINDS = {"Certificate", "Issuer"}
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 # The values sets every rendering test runs with.
@@ -29,6 +31,10 @@ VALUES_SETS: dict[str, dict[str, Any]] = {
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
     "replicas-2": {"replicas": 2},
     "namespaced-replicas-2": {"replicas": 2, "watchNamespaces": ["team-a", "team-b"]},
+    "cert-manager": {"progress": {"enabled": True, "port": 8443, "certManager": {"enabled": True}}},
+    "cert-manager-issuer": {"replicas": 2, "progress": {"enabled": True, "port": 9443, "certManager": {
+        "enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "internal-ca"}}}},
+    "no-progress": {"progress": {"enabled": False, "port": 8443}},
     "metrics-servicemonitor": {
         "metrics": {"enabled": True, "port": 9090, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
         "logFormat": "json",
@@ -60,12 +66,16 @@ def test_chart_crd_is_identical_to_generated_crd() -> None:
 
 def test_default_is_cluster_wide_and_restricted(helm: str) -> None:
     docs = render(helm)
-    assert sorted(kinds(docs)) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    assert sorted(kinds(docs)) == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+                                   "Deployment", "Role", "RoleBinding", "Service", "Service", "ServiceAccount"]
     c = container(docs)
-    assert c["args"] == ["operator", "--health-port", "8080", "--metrics-port", "9090", "--log-format", "plain"]
+    assert c["args"] == ["operator", "--health-port", "8080", "--metrics-port", "9090",
+                         "--progress-port", "8443", "--progress-url", "https://muralist-progress.muralist-system.svc:8443",
+                         "--progress-service", "muralist-progress", "--progress-tls-secret", "muralist-progress-tls",
+                         "--log-format", "plain"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "metrics": 9090}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "metrics": 9090, "progress": 8443}
     assert c["securityContext"] == {
         "readOnlyRootFilesystem": True,
         "allowPrivilegeEscalation": False,
@@ -85,13 +95,14 @@ def test_namespaced_mode_grants_a_role_per_namespace(helm: str) -> None:
         binding = one(docs, "RoleBinding", ns)
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"][0]["namespace"] == "muralist-system"
-    # Only the small discovery ClusterRole stays cluster-wide: CRDs and namespaces, read-only.
-    cluster_role = one(docs, "ClusterRole")
-    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {
-        "customresourcedefinitions",
-        "namespaces",
+    # Only two small ClusterRoles stay cluster-wide: discovery (CRDs and namespaces, read-only)
+    # and TokenReview for the progress endpoint.
+    rules = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole"}
+    assert {n: {r for rule in rs for r in rule["resources"]} for n, rs in rules.items()} == {
+        "muralist-discovery": {"customresourcedefinitions", "namespaces"},
+        "muralist-tokenreview": {"tokenreviews"},
     }
-    assert {v for rule in cluster_role["rules"] for v in rule["verbs"]} == {"list", "watch"}
+    assert {v for rule in rules["muralist-discovery"] for v in rule["verbs"]} == {"list", "watch"}
     assert container(docs)["args"][:5] == ["operator", "--namespace", "team-a", "--namespace", "team-b"]
 
 
@@ -134,9 +145,79 @@ def test_service_monitor_only_when_the_api_is_served(helm: str) -> None:
 
 def test_metrics_off(helm: str) -> None:
     docs = render(helm, {"metrics": {"enabled": False}})
-    assert "Service" not in kinds(docs)
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Service"] == ["muralist-progress"]
     args = container(docs)["args"]
     assert args[args.index("--metrics-port") + 1] == "0"
+
+
+def test_progress_service_tls_and_rbac_self_managed(helm: str) -> None:
+    docs = render(helm)
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "muralist-progress")
+    assert svc["spec"]["ports"] == [{"name": "progress", "port": 8443, "targetPort": "progress", "protocol": "TCP"}]
+    assert "muralist.dev/progress-active" not in svc["spec"]["selector"]  # one replica: it is the active one
+    review = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "muralist-tokenreview")
+    assert review["rules"] == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+                                "verbs": ["create"]}]
+    role = one(docs, "Role", "muralist-system")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["muralist-progress-tls"],
+         "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    # The pods' old credentials are gone from what the operator may do, and no rule hands out more.
+    namespaced = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "muralist")["rules"]
+    assert not {"serviceaccounts", "roles", "rolebindings"} & {r for rule in namespaced for r in rule["resources"]}
+    env = {e["name"] for e in container(docs)["env"]}
+    assert {"POD_ID", "POD_NAMESPACE"} <= env
+
+
+def test_two_replicas_route_progress_to_the_active_one(helm: str) -> None:
+    docs = render(helm, {"replicas": 2})
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "muralist-progress")
+    assert svc["spec"]["selector"]["muralist.dev/progress-active"] == "true"
+    assert "--progress-active-label" in container(docs)["args"]
+    rules = one(docs, "Role", "muralist-system")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]} in rules
+    # The operator reads the peering object to know whether kopf has paused it.
+    main = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "muralist")
+    peering = next(r for r in main["rules"] if "clusterkopfpeerings" in r["resources"])
+    assert peering["verbs"] == ["get", "list", "watch", "patch"]
+
+
+@pytest.mark.parametrize("issuer", [None, {"kind": "ClusterIssuer", "name": "internal-ca"}], ids=["own-ca", "issuer"])
+def test_cert_manager_mode(helm: str, issuer: dict[str, str] | None) -> None:
+    cm: dict[str, Any] = {"enabled": True, **({"issuerRef": issuer} if issuer else {})}
+    docs = render(helm, {"progress": {"enabled": True, "port": 8443, "certManager": cm}})
+    certs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Certificate"}
+    serving = certs["muralist-progress"]["spec"]
+    assert serving["secretName"] == "muralist-progress-tls"
+    assert serving["dnsNames"] == ["muralist-progress", "muralist-progress.muralist-system",
+                                   "muralist-progress.muralist-system.svc",
+                                   "muralist-progress.muralist-system.svc.cluster.local"]
+    if issuer:
+        assert serving["issuerRef"] == issuer and set(certs) == {"muralist-progress"}
+        assert "Issuer" not in kinds(docs)
+    else:
+        # A CA of the chart's own, so that renewing the serving certificate keeps the pods' CA.
+        assert serving["issuerRef"] == {"kind": "Issuer", "name": "muralist-progress-ca"}
+        assert certs["muralist-progress-ca"]["spec"]["isCA"] is True
+        assert sorted(d["metadata"]["name"] for d in docs if d["kind"] == "Issuer") == [
+            "muralist-progress-ca", "muralist-progress-selfsigned"]
+    c = container(docs)
+    assert c["args"][c["args"].index("--progress-tls-dir") + 1] == "/etc/muralist/progress-tls"
+    assert "--progress-tls-secret" not in c["args"]
+    assert {"name": "progress-tls", "mountPath": "/etc/muralist/progress-tls", "readOnly": True} in c["volumeMounts"]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "progress-tls", "secret": {"secretName": "muralist-progress-tls"}} in pod["volumes"]
+    assert "Role" not in kinds(docs)  # no Secret to manage, no other replica to route around
+
+
+def test_progress_off(helm: str) -> None:
+    docs = render(helm, VALUES_SETS["no-progress"])
+    args = container(docs)["args"]
+    assert args[args.index("--progress-port") + 1] == "0" and "--progress-url" not in args
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Service"] == ["muralist-metrics"]
+    assert not [d for d in docs if "tokenreview" in d["metadata"]["name"]]
 
 
 @pytest.mark.parametrize(
@@ -147,6 +228,10 @@ def test_metrics_off(helm: str) -> None:
         ({"logFormat": "xml"}, "/logFormat"),
         ({"runtimeImage": "x"}, "runtimeImage"),
         ({"metrics": {"port": 70000}}, "/metrics/port"),
+        ({"progress": {"enabled": True, "port": 8443, "certManager": {"issuerRef": {"kind": "Foo"}}}},
+         "/progress/certManager/issuerRef/kind"),
+        ({"progress": {"enabled": True, "port": 8443, "certManager": {"duration": "1 year"}}},
+         "/progress/certManager/duration"),
     ],
 )
 def test_schema_refuses_bad_values(helm: str, values: dict[str, Any], error: str) -> None:
@@ -206,7 +291,9 @@ def crds(control_plane: Any) -> Iterator[None]:
         == 0
     )
     for path in sorted((CHART / "crds").glob("*.yaml")):
-        kubectl(control_plane, "apply", "--server-side", "-f", str(path))
+        # --force-conflicts: the cluster tests may have created the CRD with the API client first
+        # (another field manager), as an upgrade from a hand-applied CRD would be.
+        kubectl(control_plane, "apply", "--server-side", "--force-conflicts", "-f", str(path))
     kubectl(
         control_plane,
         "wait",
@@ -272,7 +359,7 @@ def test_server_side_dry_run_accepts_rendered_manifests(
     docs = render(helm, values, namespace=release_namespace, extra=["--api-versions", SERVICE_MONITOR_API])
     if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
         assert "ServiceMonitor" in kinds(docs)
-    accepted = [d for d in docs if d["kind"] != "ServiceMonitor"]
+    accepted = [d for d in docs if d["kind"] != "ServiceMonitor" and d["kind"] not in CERT_MANAGER_KINDS]
     out = kubectl(control_plane, "apply", "--dry-run=server", "-o", "name", "-f", "-", stdin=dump(accepted))
     assert len(out.split()) == len(accepted), out
 
@@ -299,7 +386,8 @@ def token_kubeconfig(control_plane: Any, account: str, namespace: str, path: Pat
 
 def exercise_operator(api: Any, namespace: str) -> None:
     """Every kind of call the operator makes: create children, write status, post events,
-    delete a failed group's Job to restart it, and delete a finished job after its TTL."""
+    follow a failed pod's retry to the job's failure, and delete a finished job after its TTL
+    (and, at start, its progress certificate Secret and TokenReviews for the endpoint)."""
 
     def phase(name: str) -> str | None:
         return (api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name).get("status") or {}).get(
@@ -358,7 +446,13 @@ def test_operator_works_with_exactly_the_chart_rbac(
     account = one(docs, "ServiceAccount")["metadata"]["name"]
     kubeconfig = token_kubeconfig(control_plane, account, release_namespace, tmp_path / "kubeconfig")
     args = [arg for ns in watched for arg in ("--namespace", ns)]
-    operator = OperatorProcess(kubeconfig, tmp_path, extra_args=args)
+    # The chart's names for the progress Service and certificate Secret (the Role names the
+    # Secret); the endpoint itself listens on a free port here.
+    chart_args = container(render(helm, {"watchNamespaces": watched}, release=release,
+                                  namespace=release_namespace))["args"]
+    for flag in ("--progress-service", "--progress-tls-secret"):
+        args += [flag, chart_args[chart_args.index(flag) + 1]]
+    operator = OperatorProcess(kubeconfig, tmp_path, extra_args=args, operator_namespace=release_namespace)
     operator.start()
     try:
         exercise_operator(client.CustomObjectsApi(kube_api), namespace)

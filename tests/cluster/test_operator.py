@@ -9,10 +9,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from muralist_runtime.spec.api import GROUP, PLURAL, VERSION
+from muralist_runtime.spec.contract import INDEX_FAILURE_COUNT_ANNOTATION
 
 from tests.builders import make_job
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
-from tests.operator_helpers import DJ
+from tests.operator_helpers import DJ, pod_index
 from tests.unit.invalid_cases import INVALID_CASES
 
 pytestmark = pytest.mark.cluster
@@ -32,9 +33,20 @@ def test_creates_children_and_succeeds(dj: DJ, control_plane: Any) -> None:
     assert (job.spec.completion_mode, job.spec.completions, job.spec.parallelism) == ("Indexed", 2, 2)
     pod_spec = job.spec.template.spec
     env = {e.name: e for e in pod_spec.containers[0].env}
-    assert env["PET_MASTER_ADDR"].value == "cats-0.cats" and env["PET_NNODES"].value == "2"
-    assert env["PET_NODE_RANK"].value_from.field_ref.field_path.endswith("job-completion-index']")
-    assert {v.name for v in pod_spec.volumes} >= {"spec", "output", "dshm", "hf-cache"}
+    # Each pod is a world of its own; it reaches pod 0's work-claim store through the Service.
+    assert env["PET_MASTER_ADDR"].value == "127.0.0.1" and env["PET_NNODES"].value == "1"
+    assert env["MURALIST_CLAIMS_ADDR"].value == "cats-0.cats:29400"
+    assert env["MURALIST_POD_INDEX"].value_from.field_ref.field_path.endswith("job-completion-index']")
+    assert {v.name for v in pod_spec.volumes} >= {"spec", "output", "dshm", "hf-cache", "progress-token"}
+    assert pod_spec.automount_service_account_token is False
+    assert job.spec.backoff_limit_per_index == 3 and job.spec.max_failed_indexes == 0
+    # The Job controller numbers each pod's retry, from the first pod on.
+    pods = dj.wait_pods("cats", 2)
+    assert [p.metadata.annotations[INDEX_FAILURE_COUNT_ANNOTATION] for p in pods] == ["0", "0"]
+    # No credentials for the pods: no ServiceAccount, Role or RoleBinding of the job's own.
+    assert not [a.metadata.name for a in dj.core.list_namespaced_service_account(dj.ns).items
+                if a.metadata.name != "default"]
+    assert not client.RbacAuthorizationV1Api(dj.core.api_client).list_namespaced_role(dj.ns).items
     svc = dj.core.read_namespaced_service("cats", dj.ns)
     assert svc.spec.cluster_ip == "None" and svc.metadata.owner_references[0].name == "cats"
     assert dj.core.read_namespaced_config_map("cats-spec", dj.ns).data["spec.json"]
@@ -63,22 +75,39 @@ def test_creates_children_and_succeeds(dj: DJ, control_plane: Any) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert {"JobCreated", "Running", "Completed"} <= set(dj.events("cats"))
+    dj.wait_events("cats", "JobCreated", "Running", "Completed")
 
 
-def test_failed_pod_restarts_the_group(dj: DJ) -> None:
-    dj.create(running_job("cats").obj())
-    first = dj.wait_pods("cats", 2, attempt=0)
-    set_pod_fate(dj.core, first[1].metadata.name, dj.ns, "fail", exit_code=1, message="rank 1: NCCL timeout")
-    restarting = dj.wait_phase("cats", "Restarting")
-    assert restarting["restarts"] == 1 and "NCCL timeout" in restarting["message"]
-    second = dj.wait_pods("cats", 2, attempt=1)
-    assert {p.metadata.labels["muralist.dev/attempt"] for p in second} == {"1"}
-    for p in second:
-        set_pod_fate(dj.core, p.metadata.name, dj.ns, "succeed", after="100ms")
+def test_a_failed_pod_is_retried_alone(dj: DJ) -> None:
+    dj.create(running_job("cats", nodes=4).obj())
+    first = {pod_index(p): p.metadata.uid for p in dj.wait_pods("cats", 4)}
+    victim = dj.pods("cats", index=2)[0]
+    set_pod_fate(dj.core, victim.metadata.name, dj.ns, "fail", exit_code=1, message="rank 2: NCCL timeout")
+
+    # The failure is counted on that index only, and the job keeps running.
+    retrying = wait_for(lambda: (s := dj.status("cats")).get("restarts") == 1 and s, message="one retry counted")
+    assert retrying["phase"] == "Running"
+    assert [(e["index"], e["failures"], e["lastFailureReason"]) for e in retrying["indexes"]] == [(2, 1, "PodFailed")]
+    assert "rank 2: NCCL timeout" in retrying["indexes"][0]["lastFailure"]
+
+    # The Job controller runs index 2 again (after its backoff); the other pods are the same pods.
+    retry = wait_for(lambda: next((p for p in dj.pods("cats", index=2)
+                                   if p.status.phase == "Running" and p.metadata.uid != first[2]), None),
+                     timeout=60, message="a new pod for index 2")
+    assert retry.metadata.annotations[INDEX_FAILURE_COUNT_ANNOTATION] == "1"
+    assert {pod_index(p): p.metadata.uid for p in dj.pods("cats") if p.status.phase == "Running"} == {
+        **first, 2: retry.metadata.uid}
+    assert dj.status("cats")["phase"] == "Running"
+
+    for p in dj.pods("cats"):
+        if p.status.phase == "Running":
+            set_pod_fate(dj.core, p.metadata.name, dj.ns, "succeed", after="100ms")
     done = dj.wait_phase("cats", "Succeeded")
-    assert done["restarts"] == 1
-    assert "PodFailed" in dj.events("cats")
+    assert done["restarts"] == 1 and [e["index"] for e in done["indexes"]] == [2]
+    # The first pods of indexes 0, 1 and 3 ran to the end: never replaced.
+    succeeded = {pod_index(p): p.metadata.uid for p in dj.pods("cats") if p.status.phase == "Succeeded"}
+    assert succeeded == {**first, 2: retry.metadata.uid}
+    dj.wait_events("cats", "PodFailed")
 
 
 def test_failures_beyond_max_restarts_fail(dj: DJ) -> None:
@@ -90,7 +119,7 @@ def test_failures_beyond_max_restarts_fail(dj: DJ) -> None:
         .obj()
     )
     failed = dj.wait_phase("cats", "Failed", timeout=90)
-    assert failed["restarts"] == 1
+    assert failed["restarts"] == 1 and [(e["index"], e["failures"]) for e in failed["indexes"]] == [(0, 2)]
     assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["MaxRestartsExceeded"]
     assert "out of memory" in failed["message"]
 
@@ -106,6 +135,25 @@ def test_permanent_runtime_error_fails_at_once(dj: DJ) -> None:
     failed = dj.wait_phase("cats", "Failed")
     assert failed["restarts"] == 0
     assert "no _tp_plan" in failed["message"] and "permanent" in failed["message"]
+
+
+def test_exit_78_fails_the_job_by_its_pod_failure_policy(dj: DJ) -> None:
+    dj.create(
+        make_job("cats")
+        .world(nodes=2, gpus=1)
+        .pod_template(annotations=fate_annotations("fail", exit_code=78, message="spec.model: no such model",
+                                                   after="200ms"))
+        .obj()
+    )
+    failed = dj.wait_phase("cats", "Failed")
+    assert failed["restarts"] == 0
+    assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["PermanentError"]
+
+    def verdict() -> str | None:
+        conditions = dj.batch.read_namespaced_job("cats", dj.ns).status.conditions or []
+        return next((c.reason for c in conditions if c.type == "Failed" and c.status == "True"), None)
+
+    assert wait_for(verdict, message="the Job's own verdict") == "PodFailurePolicy"
 
 
 def test_suspend_and_resume(dj: DJ) -> None:
@@ -213,7 +261,7 @@ def test_invalid_job_past_the_crd_becomes_failed(dj: DJ) -> None:
     failed = dj.wait_phase("cats", "Failed")
     assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["InvalidSpec"]
     assert "spec.prompts" in failed["message"]
-    assert "InvalidSpec" in dj.events("cats")
+    dj.wait_events("cats", "InvalidSpec")
 
 
 def test_a_job_too_large_for_its_spec_config_map_fails_with_the_reason(dj: DJ) -> None:
@@ -224,7 +272,7 @@ def test_a_job_too_large_for_its_spec_config_map_fails_with_the_reason(dj: DJ) -
     failed = dj.wait_phase("huge", "Failed")
     assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["InvalidSpec"]
     assert failed["message"].startswith("spec.prompts: 22000 inline prompts") and "promptsFrom" in failed["message"]
-    assert "InvalidSpec" in dj.events("huge")
+    dj.wait_events("huge", "InvalidSpec")
     with pytest.raises(ApiException) as err:
         dj.batch.read_namespaced_job("huge", dj.ns)
     assert err.value.status == 404

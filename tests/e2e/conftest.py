@@ -167,7 +167,10 @@ def real_operator(
     real_cluster: RealCluster, runtime_image: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     apply_crd(real_cluster.api)
-    op = OperatorProcess(real_cluster.kubeconfig, tmp_path_factory.mktemp("e2e-operator"), runtime_image=runtime_image)
+    # The operator runs on this host: the pods post their progress to it at the bridge's gateway
+    # (its self-managed certificate names that address).
+    op = OperatorProcess(real_cluster.kubeconfig, tmp_path_factory.mktemp("e2e-operator"), runtime_image=runtime_image,
+                         progress_host=load_controlplane().POD_GATEWAY)
     op.start()
     try:
         yield op

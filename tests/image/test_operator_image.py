@@ -51,3 +51,10 @@ def test_runs_as_uid_1000(docker: Docker, operator_image: str) -> None:
 def test_has_no_torch(docker: Docker, operator_image: str) -> None:
     code = "import importlib.util as u; print(u.find_spec('torch') is None, u.find_spec('kopf') is not None)"
     assert run(docker, operator_image, "-c", code, entrypoint="python3").split() == ["True", "True"]
+
+
+def test_the_progress_endpoint_and_its_certificates_load(docker: Docker, operator_image: str) -> None:
+    # aiohttp (the HTTPS server) and cryptography (the self-managed CA) are in the image.
+    code = ("from muralist_operator.progress.tls import issue, new_ca; import muralist_operator.main; "
+            "ca, key = new_ca(); print(issue(['muralist-progress'], ca, key).cert_pem[:27].decode())")
+    assert run(docker, operator_image, "-c", code, entrypoint="python3").strip() == "-----BEGIN CERTIFICATE-----"

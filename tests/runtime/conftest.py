@@ -228,7 +228,7 @@ def torchrun(
     term.unlink(missing_ok=True)  # a fresh one per run, as the kubelet gives each container
     procs = []
     for node, (argv, agent_env) in enumerate(local.agent_commands(runtime, str(spec_file),
-                                                                   local.free_port_range(nnodes), free_port())):
+                                                                   *local.local_ports(nnodes))):
         penv = {**env, **(extra_env or {}), **agent_env, contract.MURALIST_TERMINATION_LOG: str(term),
                 contract.MURALIST_PROGRESS_DIR: str(output.parent / f"{output.name}.progress-{node}")}
         procs.append(subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

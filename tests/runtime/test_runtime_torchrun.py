@@ -75,6 +75,8 @@ def test_data_parallel_two_processes_match_one(tmp_path: Path, runtime_env, refe
     assert (final["attempt"], final["ranks"], final["completed"], final["total"], final["final"], final["done"]) == (
         1, 2, 3, 3, True, True)
     assert operator.posts[-1]["auth"] == "Bearer pod-token"
+    # The termination message, the final word on a pod, counts all its ranks and the job's total.
+    assert (run.termination["completed"], run.termination["total"]) == (3, 3)
 
 
 def test_two_nodes_one_process_each(tmp_path: Path, runtime_env, reference: Run) -> None:
@@ -85,14 +87,25 @@ def test_two_nodes_one_process_each(tmp_path: Path, runtime_env, reference: Run)
     assert_each_image_once(run, KEYS)
     assert json.loads((out / "job.json").read_text())["world"]["nodes"] == 2
     assert run.images() == reference.images()
+    # The second pod, retried after the first one merged the job and left, has nothing to do.
+    from muralist_runtime import local
+
+    spec_file = out.parent / f"{out.name}.spec.json"
+    runtime = local.RuntimeSpec.model_validate_json(spec_file.read_text())
+    argv, env = local.agent_commands(runtime, str(spec_file), *local.local_ports(2))[1]
+    late = subprocess.run(argv, env={**runtime_env, **env}, capture_output=True, text=True, timeout=120)
+    assert late.returncode == 0, late.stderr[-3000:]
+    assert "nothing to do: the job was merged" in late.stderr
 
 
 def test_killed_rank_then_resume_renders_only_missing(tmp_path: Path, runtime_env,
                                                       reference: Run) -> None:
     out = tmp_path / "resume"
     spec = runtime_spec_json(make_job().processes(2).obj(), out)
-    # Rank 0 dies right after writing its first image, taking its pod down.
-    first = torchrun(spec, out, runtime_env, 2, extra_env={contract.MURALIST_TEST_EXIT_AFTER: "1"})
+    # The first rank to write an image dies right after, taking its pod down (with claimed work,
+    # which rank renders what is not fixed).
+    first = torchrun(spec, out, runtime_env, 2, extra_env={contract.MURALIST_TEST_EXIT_AFTER: "1",
+                                                             contract.MURALIST_TEST_EXIT_RANK: "-1"})
     assert first.returncode != 0
     kept = sorted(p.stem for p in (out / "images").glob("*.png"))
     assert 1 <= len(kept) < len(KEYS)
@@ -115,6 +128,19 @@ def test_context_parallel_ulysses_2(tmp_path: Path, runtime_env, reference: Run)
     assert run.returncode == 0, run.stderr[-3000:]
     assert_each_image_once(run, KEYS)
     assert {m["rank"] for m in run.manifest()} == {0}, "only the group's first rank writes"
+    assert max_pixel_diff(run, reference) <= 1
+
+
+def test_a_context_parallel_group_over_two_pods_matches_one_process(tmp_path: Path, runtime_env,
+                                                                   reference: Run) -> None:
+    # Ulysses 2 with one process per pod: the group spans both pods, which (and only which)
+    # rendezvous with each other through the PET_* contract.
+    out = tmp_path / "cp-span"
+    job = make_job().processes(1, nodes=2).context_parallel(ulysses=2).obj()
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 1, nnodes=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_each_image_once(run, KEYS)
+    assert json.loads((out / "job.json").read_text())["world"]["podsPerWorld"] == 2
     assert max_pixel_diff(run, reference) <= 1
 
 

@@ -60,7 +60,7 @@ def test_printer_columns_and_names() -> None:
     crd = build_crd()
     version = crd["spec"]["versions"][0]
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names[:4] == ["Phase", "Progress", "Strategy", "World"] and names[-1] == "Age"
+    assert names[:5] == ["Phase", "Progress", "ETA", "Strategy", "World"] and names[-1] == "Age"
     assert crd["spec"]["names"]["shortNames"] == ["dj"]
     assert version["subresources"] == {"status": {}}
 

@@ -1,4 +1,5 @@
-"""The operator's decisions, from observed children to status and actions (no API server)."""
+"""The operator's decisions, from observed children and pushed progress to status and actions
+(no API server)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ from muralist_operator.decision import (
     DeleteJob,
     DeleteSelf,
     SetJobSuspend,
+    StopPod,
     decide_failed,
     iso,
 )
-from muralist_operator.lifecycle import decide
-from muralist_operator.observe import Observed, RankReport, Termination, rank_reports
+from muralist_operator.lifecycle import decide, eta_text
+from muralist_operator.observe import Observed, Termination
 from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
 from muralist_runtime.spec.status import DiffusionJobStatus, Phase
 
 from tests.builders import make_job
-from tests.views import NOW, job_view, pod
+from tests.views import NOW, failed, index_progress, job_view, pod, progress
 
 
 def status(**fields: object) -> DiffusionJobStatus:
@@ -32,9 +34,9 @@ def conditions(st: DiffusionJobStatus) -> dict[str, str]:
     return {c.type: c.status for c in st.conditions}
 
 
-def test_new_job_creates_its_pod_group() -> None:
+def test_new_job_creates_its_job() -> None:
     d = decide(make_job().job(), status(), 1, Observed(), NOW)
-    assert d.actions == [CreateJob(attempt=0, active_deadline_seconds=None)]
+    assert d.actions == [CreateJob(active_deadline_seconds=None)]
     assert d.status.phase == Phase.PENDING
     assert conditions(d.status)["Created"] == "True" and conditions(d.status)["Ready"] == "False"
     assert (d.status.world_size, d.status.data_parallel_degree, d.status.observed_generation) == (1, 1, 1)
@@ -55,36 +57,31 @@ def test_complete_job_succeeds_with_completion_time() -> None:
     assert d.status.phase == Phase.SUCCEEDED
     assert d.status.completion_time == iso(NOW)
     assert conditions(d.status)["Complete"] == conditions(d.status)["Ready"] == "True"
-    assert d.status.progress.completed == d.status.progress.total == 2
+    p = d.status.progress
+    assert (p.completed, p.total, p.percent, p.estimated_seconds_remaining, p.eta) == (2, 2, 100.0, 0, "0s")
 
 
-def test_failed_pod_restarts_the_group_and_counts() -> None:
-    failed = pod(1, "Failed", term=Termination(1, "Error", "rank 1: CUDA error"))
-    job = make_job().world(nodes=2).job()
-    d = decide(job, status(phase="Running"), 1, Observed(job=job_view(failed=True), pods=[pod(0), failed]), NOW)
-    assert d.status.phase == Phase.RESTARTING and d.status.restarts == 1
-    assert d.actions == [DeleteJob("PodFailed")]
-    assert "pod 1 failed: rank 1: CUDA error" in d.status.message
-    assert d.events[0].type == "Warning"
+def test_a_failed_pod_is_retried_alone_and_the_job_stays_running() -> None:
+    job = make_job().world(nodes=4).job()
+    pods = [pod(0), failed(1, message="rank 1: CUDA error"), pod(2), pod(3)]
+    d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=pods), NOW)
+    assert d.status.phase == Phase.RUNNING and d.actions == []  # the Job controller retries it
+    assert d.status.restarts == 1
+    assert [(e.index, e.failures) for e in d.status.indexes] == [(1, 1)]
+    assert "index 1 is retried (1/3) after: exit code 1: rank 1: CUDA error" in d.status.message
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "PodFailed")]
+    # Its retry runs: the message goes back to normal, the count stays.
+    again = decide(job, d.status, 1, Observed(job=job_view(), pods=[*pods, pod(1, failures=1)]), NOW)
+    assert again.status.restarts == 1 and again.status.message == "4 pod(s), world size 4" and again.events == []
 
 
-def test_next_group_is_created_once_the_old_one_is_gone() -> None:
-    st = status(phase="Restarting", restarts=1)
-    stale = decide(make_job().job(), st, 1, Observed(job=job_view(attempt=0, failed=True)), NOW)
-    assert stale.actions == [DeleteJob("stale pod group")] and stale.status.restarts == 1
-    gone = decide(make_job().job(), st, 1, Observed(), NOW)
-    assert gone.actions == [CreateJob(attempt=1, active_deadline_seconds=None)]
-    assert gone.status.phase == Phase.RESTARTING
-
-
-def test_restarts_beyond_max_fail() -> None:
+def test_an_index_out_of_retries_fails_the_job() -> None:
     job = make_job().run_policy(maxRestarts=1).job()
-    failed = pod(0, "Failed", attempt=1, term=Termination(1, "Error", "boom"))
-    d = decide(
-        job, status(phase="Running", restarts=1), 1, Observed(job=job_view(attempt=1, failed=True), pods=[failed]), NOW
-    )
+    pods = [failed(0, message="boom"), failed(0, failures=1, message="boom again")]
+    d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=pods), NOW)
     assert d.status.phase == Phase.FAILED and d.status.restarts == 1
     assert "MaxRestartsExceeded" in {c.reason for c in d.status.conditions if c.type == "Failed"}
+    assert "index 0 failed 2 times, last: exit code 1: boom again" in d.status.message
     assert conditions(d.status)["Stalled"] == "True"  # kstatus reads this as failed
 
 
@@ -95,7 +92,7 @@ def test_restarts_beyond_max_fail() -> None:
         Termination(1, "Error", json.dumps({"permanent": True, "message": "FluxTransformer2DModel has no _tp_plan"})),
     ],
 )
-def test_permanent_error_fails_without_restart(term: Termination) -> None:
+def test_permanent_error_fails_without_retry(term: Termination) -> None:
     d = decide(
         make_job().job(),
         status(phase="Running"),
@@ -111,7 +108,8 @@ def test_permanent_error_fails_without_restart(term: Termination) -> None:
 def test_runtime_report_message_is_used() -> None:
     term = Termination(1, "Error", json.dumps({"permanent": True, "message": "no _tp_plan"}))
     d = decide(make_job().job(), status(), 1, Observed(job=job_view(), pods=[pod(0, "Failed", term=term)]), NOW)
-    assert d.status.message == "pod 0: no _tp_plan (permanent, not restarted)"
+    assert d.status.message == "index 0 (pod cats-0-0): no _tp_plan (permanent, not retried)"
+    assert d.actions == [DeleteJob("PermanentError")]  # exit code 1: the Job's FailJob rule cannot see it
 
 
 def test_suspend_and_resume() -> None:
@@ -134,7 +132,7 @@ def test_kueue_queued_job_waits_for_admission() -> None:
     assert (d.status.message, d.status.conditions) == (first.status.message, first.status.conditions)
 
 
-def test_deadline_fails_and_stops_the_group() -> None:
+def test_deadline_fails_and_stops_the_job() -> None:
     job = make_job().run_policy(activeDeadlineSeconds=60).job()
     st = status(phase="Running", startTime=iso(NOW - timedelta(seconds=61)))
     d = decide(job, st, 1, Observed(job=job_view()), NOW)
@@ -142,11 +140,16 @@ def test_deadline_fails_and_stops_the_group() -> None:
     assert [c.reason for c in d.status.conditions if c.type == "Failed"] == ["DeadlineExceeded"]
 
 
-def test_restarted_group_gets_the_remaining_deadline() -> None:
+def test_a_job_created_again_gets_the_remaining_deadline() -> None:
     job = make_job().run_policy(activeDeadlineSeconds=100).job()
-    st = status(phase="Restarting", restarts=1, startTime=iso(NOW - timedelta(seconds=40)))
+    st = status(phase="Running", startTime=iso(NOW - timedelta(seconds=40)))
     d = decide(job, st, 1, Observed(), NOW)
-    assert d.actions == [CreateJob(attempt=1, active_deadline_seconds=60)]
+    assert d.actions == [CreateJob(active_deadline_seconds=60)]
+
+
+def test_a_job_being_deleted_is_waited_for() -> None:
+    d = decide(make_job().job(), status(phase="Running"), 1, Observed(job=job_view(deleting=True)), NOW)
+    assert d.actions == [] and d.status.phase == Phase.PENDING
 
 
 def test_ttl_deletes_a_finished_job() -> None:
@@ -157,33 +160,38 @@ def test_ttl_deletes_a_finished_job() -> None:
     assert decide(job, st, 1, Observed(), NOW).actions == []
 
 
-def test_progress_sums_writing_ranks() -> None:
-    ranks = rank_reports(
-        {
-            "rank-0": json.dumps({"attempt": 0, "completed": 2, "skipped": 1, "failed": 0, "total": 5}),
-            "rank-1": json.dumps({"attempt": 0, "completed": 3, "skipped": 0, "failed": 1, "total": 5}),
-            "rank-2": "not json",
-        }
-    )
-    job = make_job().prompts(*["p"] * 10).world(nodes=2).job()
-    d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=[pod(0), pod(1)], ranks=ranks), NOW)
+def test_pushed_progress_with_rate_and_eta() -> None:
+    job = make_job().prompts(*["p"] * 10).generation(imagesPerPrompt=2).world(nodes=2).job()
+    pushed = progress(index_progress(0, done=3), index_progress(1, done=4), total=20, ips=0.5, eta=26)
+    d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=[pod(0), pod(1)], progress=pushed),
+               NOW)
     p = d.status.progress
-    assert (p.completed, p.failed, p.total, p.summary) == (6, 1, 10, "6/10")
+    assert (p.completed, p.total, p.summary, p.percent) == (7, 20, "7/20", 35.0)
+    assert (p.images_per_second, p.estimated_seconds_remaining, p.eta) == (0.5, 26, "26s")
 
 
-def test_stalled_group_is_restarted() -> None:
+def test_counts_never_go_down_when_the_operator_restarts() -> None:
+    job = make_job().prompts(*["p"] * 10).job()
+    st = status(phase="Running", progress={"completed": 5, "total": 10})
+    d = decide(job, st, 1, Observed(job=job_view(), pods=[pod(0)]), NOW)  # nothing pushed yet
+    assert d.status.progress.completed == 5 and d.status.progress.summary == "5/10"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(None, ""), (0, "0s"), (59, "59s"), (250, "4m10s"),
+                                               (7500, "2h05m"), (273600, "3d04h")])
+def test_eta_text(seconds: int | None, text: str) -> None:
+    assert eta_text(seconds) == text
+
+
+def test_a_stalled_pod_alone_is_deleted() -> None:
     job = make_job().world(nodes=2).run_policy(stallTimeoutSeconds=60).job()
-    old = iso(NOW - timedelta(seconds=300))
-    ranks = {"rank-0": RankReport(0, 1, 0, 0, 5, old), "rank-1": RankReport(0, 5, 0, 0, 5, old)}
-    d = decide(
-        job, status(phase="Running"), 1, Observed(job=job_view(start_time=old), pods=[pod(0), pod(1)], ranks=ranks), NOW
-    )
-    assert d.status.phase == Phase.RESTARTING and "no progress for 300s" in d.status.message
-    fresh = {"rank-0": RankReport(0, 1, 0, 0, 5, iso(NOW)), "rank-1": ranks["rank-1"]}
-    ok = decide(
-        job, status(phase="Running"), 1, Observed(job=job_view(start_time=old), pods=[pod(0), pod(1)], ranks=fresh), NOW
-    )
-    assert ok.status.phase == Phase.RUNNING  # rank 1 is done; its silence is expected
+    pushed = progress(index_progress(0, done=1, last=NOW - timedelta(seconds=300)),
+                      index_progress(1, done=1, last=NOW - timedelta(seconds=5)))
+    d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=[pod(0), pod(1)], progress=pushed), NOW)
+    assert d.status.phase == Phase.RUNNING
+    note = "no progress for 300s (runPolicy.stallTimeoutSeconds)"
+    assert d.actions == [StopPod("cats-0-0", "uid-0-0", "Stalled", note)]
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "Stalled")]
 
 
 def test_invalid_spec_fails_with_reason() -> None:
@@ -197,26 +205,3 @@ def test_no_event_without_a_transition() -> None:
     job = make_job().job()
     first = decide(job, status(phase="Running"), 1, Observed(job=job_view(ready=1), pods=[pod(0)]), NOW)
     assert first.events == []
-
-
-def test_stall_clock_starts_at_the_first_step() -> None:
-    job = make_job().world(nodes=2).run_policy(stallTimeoutSeconds=60).job()
-    old = iso(NOW - timedelta(seconds=300))
-    loading = {"rank-0": RankReport(0, 0, 0, 0, 5, None), "rank-1": RankReport(0, 0, 0, 0, 5, None)}
-    d = decide(
-        job,
-        status(phase="Running"),
-        1,
-        Observed(job=job_view(start_time=old), pods=[pod(0), pod(1)], ranks=loading),
-        NOW,
-    )
-    assert d.status.phase == Phase.RUNNING
-    previous = {"rank-0": RankReport(0, 1, 0, 0, 5, old)}  # a report of the group before the restart
-    d = decide(
-        job,
-        status(phase="Running", restarts=1),
-        1,
-        Observed(job=job_view(attempt=1, start_time=old), pods=[pod(0, attempt=1), pod(1, attempt=1)], ranks=previous),
-        NOW,
-    )
-    assert d.status.phase == Phase.RUNNING

@@ -9,18 +9,18 @@ from muralist_operator.decision import (
     REASON_MAX_RESTARTS,
     REASON_PERMANENT,
     REASON_POD_FAILED,
+    REASON_STALLED,
     DeleteJob,
     SetJobSuspend,
     Transition,
     iso,
 )
-from muralist_operator.observe import RankReport, Termination
-from muralist_operator.policies import deadline, failure, stall, suspension, ttl
-from muralist_runtime.spec.api import RunPolicy
-from muralist_runtime.spec.status import DiffusionJobStatus, Phase
+from muralist_operator.policies import deadline, failure, stall, suspension, ttl, world
+from muralist_runtime.spec.api import ContextParallelSpec, Parallelism, RunPolicy
+from muralist_runtime.spec.status import MAX_INDEX_ENTRIES, DiffusionJobStatus, Phase
 
 from tests.builders import make_job
-from tests.views import NOW, job_view, pod
+from tests.views import NOW, failed, index_progress, job_view, pod, progress
 
 
 def ago(seconds: float) -> str:
@@ -79,53 +79,149 @@ def test_suspension(policy: RunPolicy, job, action, suspended: bool, reason: str
         assert suspension.reason(policy)[0] == reason
 
 
-PERMANENT = Termination(1, "Error", '{"permanent": true, "message": "spec.x: no"}')
-RETRYABLE = Termination(1, "Error", "NCCL timeout")
+PERMANENT = '{"permanent": true, "message": "spec.x: no"}'
+
+
+def decide_failures(pods: list, max_restarts: int = 3, job=None, indexes=None):
+    t = Transition(DiffusionJobStatus(phase=Phase.RUNNING, indexes=indexes or []), 1, NOW)
+    decided = failure.handle(t, make_job().run_policy(maxRestarts=max_restarts).job(), job or job_view(), pods)
+    return decided, t
+
+
+# (pods, maxRestarts) -> (decided, phase, reason of the Failed condition, restarts, {index: failures})
+FAILURE_CASES: dict[str, tuple[list, int, tuple[bool, Phase, str | None, int, dict[int, int]]]] = {
+    "nothing failed": ([pod(0), pod(1)], 3, (False, Phase.RUNNING, None, 0, {})),
+    "one pod failed: only its index is retried": (
+        [pod(0), failed(1), pod(2)], 3, (False, Phase.RUNNING, None, 1, {1: 1})),
+    "its retry is running: still one failure": (
+        [pod(0), failed(1), pod(1, failures=1)], 3, (False, Phase.RUNNING, None, 1, {1: 1})),
+    "the retry failed too": (
+        [failed(1), failed(1, failures=1), pod(1, failures=2)], 3, (False, Phase.RUNNING, None, 2, {1: 2})),
+    "two indexes, counted apart": (
+        [failed(0), pod(0, failures=1), failed(3), pod(3, failures=1)], 3, (False, Phase.RUNNING, None, 2,
+                                                                            {0: 1, 3: 1})),
+    "an evicted pod is not counted": (
+        [pod(0, "Failed", disrupted=True), pod(0)], 3, (False, Phase.RUNNING, None, 0, {})),
+    "out of retries": (
+        [failed(0), failed(0, failures=1)], 1, (True, Phase.FAILED, REASON_MAX_RESTARTS, 1, {0: 2})),
+    "maxRestarts 0: the first failure fails the job": (
+        [failed(0), pod(1)], 0, (True, Phase.FAILED, REASON_MAX_RESTARTS, 0, {0: 1})),
+    "a permanent failure anywhere decides": (
+        [failed(0), failed(1, message=PERMANENT)], 3, (True, Phase.FAILED, REASON_PERMANENT, 1, {0: 1, 1: 1})),
+    "a permanent failure is not a retry": (
+        [failed(0, message=PERMANENT)], 3, (True, Phase.FAILED, REASON_PERMANENT, 0, {0: 1})),
+    "exit 78 is permanent whatever the message": (
+        [failed(0, code=78, message="log tail")], 3, (True, Phase.FAILED, REASON_PERMANENT, 0, {0: 1})),
+}
+
+
+@pytest.mark.parametrize(("pods", "max_restarts", "expected"), FAILURE_CASES.values(), ids=FAILURE_CASES.keys())
+def test_failure(pods: list, max_restarts: int, expected: tuple) -> None:
+    decided, t = decide_failures(pods, max_restarts)
+    reason = next((c.reason for c in t.status.conditions if c.type == "Failed"), None)
+    by_index = {e.index: e.failures for e in t.status.indexes}
+    assert (decided, t.status.phase, reason, t.status.restarts, by_index) == expected
+    # The Job's own rules stop the pods (exit 78, maxFailedIndexes); the operator deletes
+    # nothing, except for a permanent message behind another exit code.
+    deletes = [a for a in t.decision.actions if isinstance(a, DeleteJob)]
+    permanent_message = any(p.termination and p.termination.exit_code != 78 and p.termination.permanent
+                            for p in pods)
+    assert bool(deletes) == permanent_message
 
 
 @pytest.mark.parametrize(
-    ("pods", "restarts", "max_restarts", "phase", "reason", "restarted"),
+    ("job", "reason"),
     [
-        ([pod(0, "Failed", term=RETRYABLE), pod(1)], 0, 3, Phase.RESTARTING, REASON_POD_FAILED, 1),
-        ([pod(0, "Failed", term=RETRYABLE)], 3, 3, Phase.FAILED, REASON_MAX_RESTARTS, 3),
-        # A permanent failure on any pod decides, even when another pod failed first.
-        ([pod(0, "Failed", term=RETRYABLE), pod(1, "Failed", term=PERMANENT)], 0, 3, Phase.FAILED,
-         REASON_PERMANENT, 0),
-        ([pod(0, "Failed", term=Termination(78, "Error", "log tail"))], 0, 3, Phase.FAILED, REASON_PERMANENT, 0),
+        (job_view(failed=True, failure_reason="PodFailurePolicy", failure_message="exit code 78"), REASON_PERMANENT),
+        (job_view(failed=True, failure_reason="MaxFailedIndexesExceeded", failed_indexes="2"), REASON_MAX_RESTARTS),
+        (job_view(failed=True, failure_reason="Whatever"), REASON_POD_FAILED),
     ],
-    ids=["retry", "out-of-restarts", "permanent-wins", "exit-78"],
+    ids=["fail-job-rule", "max-failed-indexes", "other"],
 )
-def test_failure(pods, restarts: int, max_restarts: int, phase: Phase, reason: str, restarted: int) -> None:
-    job = make_job().run_policy(maxRestarts=max_restarts).job()
-    t = Transition(DiffusionJobStatus(phase=Phase.RUNNING, restarts=restarts), 1, NOW)
-    assert failure.handle_failure(t, job, job_view(), pods) is True
-    assert (t.status.phase, t.status.restarts) == (phase, restarted)
-    assert [c.reason for c in t.status.conditions if c.type in ("Failed", "Restarting")] == [reason]
-    assert any(isinstance(a, DeleteJob) for a in t.decision.actions)
+def test_the_jobs_own_verdict_counts_before_the_pods_show_it(job, reason: str) -> None:
+    decided, t = decide_failures([], job=job)
+    assert decided and t.status.phase == Phase.FAILED
+    assert [c.reason for c in t.status.conditions if c.type == "Failed"] == [reason]
 
 
-def test_no_failure_is_no_decision() -> None:
-    t = Transition(DiffusionJobStatus(phase=Phase.RUNNING), 1, NOW)
-    assert failure.handle_failure(t, make_job().job(), job_view(), [pod(0), pod(1)]) is False
-    assert t.decision.actions == [] and t.decision.events == []
+def test_a_new_failure_is_recorded_once_with_its_reason_and_an_event() -> None:
+    decided, t = decide_failures([pod(0), failed(1, message="rank 1: NCCL timeout")])
+    assert not decided
+    [entry] = t.status.indexes
+    assert (entry.index, entry.failures, entry.last_failure_reason) == (1, 1, REASON_POD_FAILED)
+    assert entry.last_failure == "pod cats-1-0: exit code 1: rank 1: NCCL timeout"
+    assert [(e.type, e.reason) for e in t.decision.events] == [("Warning", REASON_POD_FAILED)]
+    assert "index 1 (pod cats-1-0)" in t.decision.events[0].message and "(1/3)" in t.decision.events[0].message
+    _, t2 = decide_failures([pod(0), failed(1), pod(1, failures=1)], indexes=t.status.indexes)
+    assert t2.decision.events == [] and t2.status.indexes == t.status.indexes
 
 
-def report(attempt: int = 0, done: int = 0, total: int = 4, last: str | None = None) -> RankReport:
-    return RankReport(attempt=attempt, completed=done, skipped=0, failed=0, total=total, progress_time=last)
+def test_a_stalled_pod_says_so() -> None:
+    _, t = decide_failures([failed(2, code=137, message="", stopped="Stalled: no progress for 90s")])
+    [entry] = t.status.indexes
+    assert (entry.last_failure_reason, entry.last_failure) == (REASON_STALLED, "pod cats-2-0: no progress for 90s")
+
+
+def test_status_indexes_stay_bounded() -> None:
+    pods = [failed(i) for i in range(MAX_INDEX_ENTRIES + 10)]
+    _, t = decide_failures(pods, max_restarts=5)
+    assert len(t.status.indexes) == MAX_INDEX_ENTRIES and t.status.restarts == MAX_INDEX_ENTRIES + 10
+
+
+def prog(index: int = 0, quiet: float | None = None, finished: bool = False, pod_name: str | None = None):
+    return index_progress(index, done=1, last=None if quiet is None else NOW - timedelta(seconds=quiet),
+                          finished=finished, pod_name=pod_name)
 
 
 @pytest.mark.parametrize(
-    ("timeout", "ranks", "expected"),
+    ("timeout", "indexes", "pods", "expected"),
     [
-        (None, {"rank-0": report(last=ago(999))}, None),
-        (30, {"rank-0": report(last=ago(10))}, None),
-        (30, {"rank-0": report(last=ago(45))}, 45),
-        (30, {"rank-0": report(last=ago(5)), "rank-1": report(last=ago(40))}, 40),
-        (30, {"rank-0": report(done=4, last=ago(500))}, None),  # done ranks are quiet by right
-        (30, {"rank-0": report(attempt=1, last=ago(500))}, None),  # another attempt's report
-        (30, {"rank-0": report(last=None)}, None),  # no first step yet: loading is not a stall
+        (None, [prog(0, quiet=999)], [pod(0)], []),
+        (30, [prog(0, quiet=10)], [pod(0)], []),
+        (30, [prog(0, quiet=45)], [pod(0)], [("cats-0-0", 45)]),
+        (30, [prog(0, quiet=40), prog(1, quiet=50), prog(2, quiet=5)], [pod(0), pod(1), pod(2)],
+         [("cats-1-0", 50), ("cats-0-0", 40)]),
+        (30, [prog(0, quiet=500, finished=True)], [pod(0)], []),  # done pods are quiet by right
+        (30, [prog(0, quiet=500)], [pod(0, failures=1)], []),  # the report of a pod since replaced
+        (30, [prog(0, quiet=500)], [pod(0, deleting=True)], []),  # already going
+        (30, [prog(0, quiet=None)], [pod(0)], []),  # no first step yet: loading is not a stall
     ],
-    ids=["off", "recent", "quiet", "quietest-rank", "done", "old-attempt", "not-started"],
+    ids=["off", "recent", "quiet", "only-the-quiet-ones", "done", "replaced", "deleting", "not-started"],
 )
-def test_stall(timeout: int | None, ranks: dict[str, RankReport], expected: int | None) -> None:
-    assert stall.stalled_seconds(RunPolicy(stall_timeout_seconds=timeout), ranks, 0, NOW) == expected
+def test_stall(timeout: int | None, indexes: list, pods: list, expected: list) -> None:
+    found = stall.stalled(RunPolicy(stall_timeout_seconds=timeout), progress(*indexes), pods, NOW)
+    assert [(s.pod.name, s.quiet) for s in found] == expected
+
+
+def spanning(nodes: int = 4, ppn: int = 2, degree: int = 4) -> Parallelism:
+    """A context-parallel group of `degree` ranks over pods of `ppn` (built past the admission
+    rule that still keeps groups inside a pod)."""
+    par = make_job().world(nodes=nodes, gpus=ppn).job().spec.parallelism
+    return par.model_copy(update={"strategy": "ContextParallel",
+                                  "context_parallel": ContextParallelSpec(ulysses_degree=degree)})
+
+
+FAILED_AT = ago(10)
+
+
+@pytest.mark.parametrize(
+    ("par", "pods", "expected"),
+    [
+        (make_job().world(nodes=4).job().spec.parallelism,
+         [pod(0), failed(1, finished=FAILED_AT), pod(2), pod(3)], []),  # worlds of one pod: never
+        (spanning(), [pod(0), failed(1, finished=FAILED_AT), pod(2), pod(3)], [("cats-0-0", 1)]),
+        (spanning(), [failed(0, finished=FAILED_AT), pod(1), pod(2), pod(3)], [("cats-1-0", 0)]),
+        # A failure the operator caused is not passed on (or the worlds would stop each other).
+        (spanning(), [pod(0), failed(1, finished=FAILED_AT, stopped="WorldPeerFailed: index 0 failed")], []),
+        # The world is starting again: its new pods are not stopped.
+        (spanning(), [failed(0, finished=FAILED_AT), pod(1, created=ago(1))], []),
+        (spanning(), [failed(0, finished=FAILED_AT), pod(1, "Succeeded")], []),
+        (spanning(), [failed(0, finished=FAILED_AT), pod(1, deleting=True)], []),
+        # Its retry replaced the failed pod: nothing left to pass on.
+        (spanning(), [failed(0, finished=FAILED_AT), pod(0, failures=1), pod(1)], []),
+    ],
+    ids=["one-pod-worlds", "peer-of-1", "peer-of-0", "caused-by-us", "new-peer", "peer-done", "peer-going",
+         "retried"],
+)
+def test_a_world_spanning_pods_starts_again_together(par: Parallelism, pods: list, expected: list) -> None:
+    assert [(s.pod.name, s.failed.index) for s in world.peers_to_stop(par, pods)] == expected

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,11 +11,14 @@ from muralist_operator.render import (
     RenderError,
     render_children,
 )
+from muralist_runtime.spec.api import ContextParallelSpec
 from muralist_runtime.spec.resolved import RuntimeSpec
 
 from tests.builders import make_job
 
-SETTINGS = OperatorSettings(runtime_image="registry.example/muralist-runtime:test")
+SETTINGS = OperatorSettings(runtime_image="registry.example/muralist-runtime:test",
+                            progress_url="https://progress.example.svc:8443",
+                            progress_ca="-----BEGIN CERTIFICATE-----\nMIIB...\n-----END CERTIFICATE-----\n")
 
 
 def env_of(job_obj: dict[str, Any]) -> dict[str, Any]:
@@ -21,38 +26,103 @@ def env_of(job_obj: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
-def test_indexed_job_carries_the_torchrun_contract() -> None:
-    job = make_job("cats").world(nodes=3, gpus=4).job()
-    children = render_children(job, "team-a", SETTINGS)
-    spec = children.job["spec"]
-    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
-        "Indexed",
-        3,
-        3,
-        0,
-    )
+def test_indexed_job_makes_each_pod_a_failure_domain() -> None:
+    job = make_job("cats").world(nodes=3, gpus=4).run_policy(maxRestarts=2).job()
+    spec = render_children(job, "team-a", SETTINGS).job["spec"]
+    assert {k: v for k, v in spec.items() if k != "template"} == {
+        "completionMode": "Indexed",
+        "completions": 3,
+        "parallelism": 3,
+        "backoffLimitPerIndex": 2,  # each pod retried alone, up to maxRestarts times
+        "maxFailedIndexes": 0,  # an index out of retries fails the Job
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "runtime", "operator": "In", "values": [78]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]},
+        "suspend": False,
+    }
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == "cats" and pod["restartPolicy"] == "Never"
-    env = env_of(children.job)
-    # Each pod is its own torchrun world: pods never rendezvous with each other.
-    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"], env["PET_NODE_RANK"]) == ("1", "4", "0")
-    assert (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"]) == ("127.0.0.1", "29500")
-    assert env["MURALIST_POD_INDEX"] == {
-        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
-    }
-    assert env["MURALIST_CLAIMS_ADDR"] == "cats-0.cats:29400", "the work-claim store of the first pod"
     container = pod["containers"][0]
-    assert container["command"] == ["python", "-m", "muralist_runtime.launch", "--spec",
-                                    "/etc/muralist/spec/spec.json"]
+    assert container["command"] == ["python", "-m", "muralist_runtime.launch", "--spec", "/etc/muralist/spec/spec.json"]
     assert container["image"] == SETTINGS.runtime_image
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}, "requests": {"memory": "9Gi"}}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"rendezvous": 29500, "claims": 29400}
+
+
+def index_annotation(name: str) -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": f"metadata.annotations['batch.kubernetes.io/{name}']"}}
+
+
+def test_a_pod_is_a_world_of_its_own_and_knows_where_to_report() -> None:
+    job = make_job("cats").world(nodes=3, gpus=4).job()
+    env = env_of(render_children(job, "team-a", SETTINGS).job)
+    assert {k: v for k, v in env.items() if k.startswith(("PET_", "MURALIST_"))} == {
+        # The whole torchrun world is inside the pod: nobody to meet, on loopback.
+        "PET_NNODES": "1",
+        "PET_NPROC_PER_NODE": "4",
+        "PET_NODE_RANK": "0",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": "29500",
+        "MURALIST_POD_INDEX": index_annotation("job-completion-index"),
+        "MURALIST_POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
+        "MURALIST_ATTEMPT": index_annotation("job-index-failure-count"),
+        "MURALIST_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        "MURALIST_CLAIMS_ADDR": "cats-0.cats:29400",
+        "MURALIST_PROGRESS_URL": "https://progress.example.svc:8443/v1/namespaces/team-a/diffusionjobs/cats/progress",
+        "MURALIST_PROGRESS_TOKEN": "/var/run/secrets/muralist.dev/progress/token",
+        "MURALIST_PROGRESS_CA": "/etc/muralist/spec/progress-ca.crt",
+    }
+
+
+def test_a_context_parallel_group_across_pods_leaves_rank_and_master_to_the_launcher() -> None:
+    # Built past the admission rule that keeps groups inside a pod (the runtime side lifts it).
+    job = make_job("cats").world(nodes=4, gpus=2).job()
+    par = job.spec.parallelism.model_copy(update={"strategy": "ContextParallel",
+                                                  "context_parallel": ContextParallelSpec(ulysses_degree=4)})
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"parallelism": par})})
+    env = env_of(render_children(job, "ns", SETTINGS).job)
+    pet = {k: v for k, v in env.items() if k.startswith("PET_")}
+    assert pet == {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_MASTER_PORT": "29500"}
+
+
+def test_pods_carry_no_api_credentials_only_a_progress_token() -> None:
+    children = render_children(make_job("cats").world(nodes=2).job(), "ns", SETTINGS)
+    assert [o["kind"] for o in children.all()] == ["Service", "ConfigMap", "Job"]
+    pod = children.job["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["progress-token"] == {"name": "progress-token", "projected": {"sources": [{"serviceAccountToken": {
+        "audience": "muralist.dev", "expirationSeconds": 600, "path": "token"}}]}}
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["progress-token"] == {"name": "progress-token", "mountPath": "/var/run/secrets/muralist.dev/progress",
+                                        "readOnly": True}
+    # The CA the pods check the endpoint with travels in the spec ConfigMap, mounted beside the spec.
+    assert children.spec_config_map["data"]["progress-ca.crt"] == SETTINGS.progress_ca
+
+
+def test_without_a_progress_endpoint_pods_get_no_token() -> None:
+    settings = replace(SETTINGS, progress_url=None)
+    children = render_children(make_job("cats").job(), "ns", settings)
+    pod = children.job["spec"]["template"]["spec"]
+    assert "progress-token" not in {v["name"] for v in pod["volumes"]}
+    assert not {"MURALIST_PROGRESS_URL", "MURALIST_PROGRESS_TOKEN", "MURALIST_PROGRESS_CA"} & set(env_of(children.job))
+    assert set(children.spec_config_map["data"]) == {"spec.json"}
 
 
 def test_headless_service_resolves_not_ready_pods() -> None:
-    svc = render_children(make_job("cats").job(), "ns", SETTINGS).service
-    assert svc["metadata"]["name"] == "cats"
+    svc = render_children(make_job("cats").world(nodes=2).job(), "ns", SETTINGS).service
+    assert svc is not None and svc["metadata"]["name"] == "cats"
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"muralist.dev/job-name": "cats"}
+    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("rendezvous", 29500), ("claims", 29400)]
+
+
+def test_a_one_pod_job_has_nobody_to_meet() -> None:
+    children = render_children(make_job("cats").job(), "ns", SETTINGS)
+    assert children.service is None and [o["kind"] for o in children.all()] == ["ConfigMap", "Job"]
+    assert "subdomain" not in children.job["spec"]["template"]["spec"]
+    assert env_of(children.job)["MURALIST_CLAIMS_ADDR"] == "127.0.0.1:29400"
 
 
 def test_spec_config_map_holds_the_resolved_runtime_spec() -> None:
@@ -125,16 +195,6 @@ def test_pod_template_fields_and_user_env_pass_through() -> None:
     assert template["metadata"]["labels"]["team"] == "art"
     assert template["metadata"]["annotations"] == {"note": "x"}
     assert env_of(children.job)["NCCL_DEBUG"] == "INFO"
-    # A user's own ServiceAccount is bound to the progress Role rather than replaced.
-    assert children.service_account is None
-    assert children.role_binding["subjects"][0]["name"] == "renderer"
-
-
-def test_runtime_role_is_least_privilege() -> None:
-    children = render_children(make_job("cats").job(), "ns", SETTINGS)
-    assert children.role["rules"] == [
-        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["cats-progress"], "verbs": ["get", "patch"]}
-    ]
 
 
 @pytest.mark.parametrize(
@@ -149,6 +209,15 @@ def test_suspend_and_kueue(policy: dict, suspended: bool, queue_label: str | Non
     job_obj = render_children(make_job().run_policy(**policy).job(), "ns", SETTINGS).job
     assert job_obj["spec"]["suspend"] is suspended
     assert job_obj["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == queue_label
+
+
+def pod_env(job_obj: dict[str, Any], index: int, failures: int = 0) -> dict[str, str]:
+    """What the kubelet gives pod `index`: plain values, field references resolved."""
+    resolved = {"metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index),
+                "metadata.annotations['batch.kubernetes.io/job-index-failure-count']": str(failures),
+                "metadata.name": f"cats-{index}-x", "metadata.namespace": "ns"}
+    return {k: v if isinstance(v, str) else resolved[v["fieldRef"]["fieldPath"]] for k, v in env_of(job_obj).items()
+            if isinstance(v, str) or "fieldRef" in v}
 
 
 def command_of(job: Any) -> list[str]:
@@ -182,6 +251,27 @@ def test_pod_and_local_commands_come_from_one_contract() -> None:
     assert command_of(job)[1:] == here[1:] and here[0] == sys.executable
 
 
+@pytest.mark.parametrize(("processes", "multi_gpu", "cpu"), [(2, True, False), (1, False, True)])
+def test_the_accelerate_launcher_runs_the_pods_own_world(tmp_path: Path, processes: int, multi_gpu: bool,
+                                                         cpu: bool) -> None:
+    from muralist_runtime import launch
+
+    job = make_job("cats").world(nodes=2, gpus=0, processes=processes).set("spec.parallelism.launcher",
+                                                                          "accelerate").job()
+    children = render_children(job, "ns", SETTINGS)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(children.spec_config_map["data"]["spec.json"])
+    argv, pet = launch.agent_command(str(spec_file), pod_env(children.job, index=1))
+    assert argv[2:4] == ["accelerate.commands.launch", "--num_machines"]
+    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+    # Pod 1 runs a world of its own: one machine, its processes, on loopback.
+    assert (flags["--num_machines"], flags["--num_processes"], flags["--machine_rank"]) == ("1", str(processes), "0")
+    assert (flags["--main_process_ip"], flags["--main_process_port"]) == ("127.0.0.1", "29500")
+    # accelerate refuses --cpu with --multi_gpu, and without --multi_gpu starts one process.
+    assert ("--multi_gpu" in argv, "--cpu" in argv) == (multi_gpu, cpu)
+    assert pet["PET_NNODES"] == "1" and pet["PET_NODE_RANK"] == "0"
+
+
 def test_render_refuses_a_spec_too_large_for_its_config_map() -> None:
     # Admission refuses such a job (tests/unit/test_catalog.py); render keeps its own guard for
     # a spec that did not come through admission.
@@ -192,11 +282,9 @@ def test_render_refuses_a_spec_too_large_for_its_config_map() -> None:
         render_children(job, "ns", SETTINGS)
 
 
-def test_attempt_and_deadline_reach_the_job() -> None:
-    job_obj = render_children(make_job().job(), "ns", SETTINGS, attempt=2, active_deadline_seconds=50).job
-    assert job_obj["metadata"]["labels"]["muralist.dev/attempt"] == "2"
+def test_deadline_reaches_the_job() -> None:
+    job_obj = render_children(make_job().job(), "ns", SETTINGS, active_deadline_seconds=50).job
     assert job_obj["spec"]["activeDeadlineSeconds"] == 50
-    assert env_of(job_obj)["MURALIST_ATTEMPT"] == "2"
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,8 @@ def test_the_pod_posts_its_ranks_summed_with_a_fresh_token_each_time(operator: F
 def test_the_operator_sets_the_interval_and_errors_never_raise(operator: FakeOperator, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("t")
-    reporter = PodReporter(target_from_env(pod_env(operator, token)), tmp_path / "empty", interval=3)
+    Progress(rank=0, job_total=1, writes=True, local=False, rank_file=RankFile(tmp_path / "pod", 0))
+    reporter = PodReporter(target_from_env(pod_env(operator, token)), tmp_path / "pod", interval=3)
     operator.answer = (200, {"intervalSeconds": 7})
     reporter.send()
     assert reporter.interval == 7
@@ -111,6 +112,13 @@ def test_the_operator_sets_the_interval_and_errors_never_raise(operator: FakeOpe
     token.unlink()
     reporter.send()  # no token (yet): skipped
     assert reporter.last_status == 500
+
+
+def test_no_post_before_any_rank_has_started(operator: FakeOperator, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    PodReporter(target_from_env(pod_env(operator, token)), tmp_path / "nothing-yet").send()
+    assert operator.posts == [], "the operator would refuse ranks: 0"
 
 
 def test_an_unreachable_operator_does_not_block(tmp_path: Path) -> None:
@@ -133,7 +141,7 @@ def test_progress_lines_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(line.startswith(contract.PROGRESS_LINE_PREFIX) for line in lines)
     last = json.loads(lines[-1].removeprefix(contract.PROGRESS_LINE_PREFIX))
     assert last == {"event": "completed", "key": "00001-000", "rank": 2, "completed": 1,
-                    "skipped": 1, "failed": 0, "total": 0, "seconds": 1.2346}
+                    "skipped": 1, "failed": 0, "total": 2, "seconds": 1.2346}
 
 
 def test_rank_files_of_all_pods_sum_to_the_whole_job(tmp_path: Path) -> None:
@@ -168,12 +176,19 @@ def test_local_bar_counts_every_rank_of_every_agent(tmp_path: Path) -> None:
 def test_step_times_advance_with_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(f"2026-01-01T00:00:{s:02d}Z" for s in range(60))
     monkeypatch.setattr(progress, "now_iso", lambda: next(clock))
-    prog = Progress(rank=1, job_total=3, writes=False, local=False, rank_file=RankFile(tmp_path, 1, interval=0))
+    rank_file = RankFile(tmp_path, 1, interval=0.01)
+    prog = Progress(rank=1, job_total=3, writes=False, local=False, rank_file=rank_file)
     stamps = []
     for _ in range(3):
         prog.step_done()
-        stamps.append(progress.RankState.parse((tmp_path / "rank-1.json").read_text()).last_step_time)
+        stamps.append(prog.state.last_step_time)
     assert stamps == sorted(stamps) and len(set(stamps)) == 3 and prog.steps == 3
+    # The file follows from its own thread: the last step reaches it even if this thread hangs now.
+    read = lambda: progress.RankState.parse((tmp_path / "rank-1.json").read_text()).last_step_time  # noqa: E731
+    deadline = time.monotonic() + 5
+    while read() != stamps[-1] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert read() == stamps[-1]
 
 
 def test_the_pod_waits_for_its_ranks_and_fails_on_a_stalled_one(tmp_path: Path) -> None:

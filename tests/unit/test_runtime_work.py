@@ -20,7 +20,7 @@ def plan_for(rows: int, processes: int = 1, nodes: int = 1, **output) -> work.Wo
     ("rows", "processes", "nodes", "chunk_rows", "chunks"),
     [
         (3, 2, 1, 1, 3),  # a few rows: one per chunk, so the counter can balance them
-        (40, 2, 1, 5, 8),  # 4 chunks per group
+        (40, 2, 1, 2, 20),  # 16 chunks per group at most, of whole rows
         (1_000_000, 8, 4, 32, 31_250),  # a big data set: small chunks all the same
         (0, 1, 1, 1, 0),
     ],
@@ -113,3 +113,17 @@ def test_job_ranks_and_groups_do_not_depend_on_the_world(ppn: int, nodes: int, g
         assert lay.group_index == lay.rank // group and lay.dp_degree == nodes * ppn // group
         assert lay.pg_group_first == lay.pg_rank - lay.group_rank
     assert [lay.hosts_store for lay in layouts].count(True) == 1
+
+
+def test_a_cpu_job_stays_on_the_cpu_and_gpus_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from muralist_runtime import world
+    from muralist_runtime.spec.contract import PermanentFailure
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert world.uses_gpu(make_job().world(gpus=0, processes=2).job().spec.parallelism) is False
+    assert world.uses_gpu(make_job().world(gpus=1).job().spec.parallelism) is True
+    with pytest.raises(PermanentFailure, match=r"^spec.parallelism.gpusPerNode: 2 processes per pod, one per GPU, "
+                                               r"but this pod sees 1 GPU"):
+        world.check_devices(layout(0, 0, 2, 1, 1))

@@ -36,6 +36,23 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default (include "muralist.fullname" .) .Values.peering.name -}}
 {{- end -}}
 
+{{- define "muralist.progressService" -}}
+{{- printf "%s-progress" (include "muralist.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "muralist.progressTlsSecret" -}}
+{{- default (printf "%s-progress-tls" (include "muralist.fullname" .)) .Values.progress.tls.secretName -}}
+{{- end -}}
+
+{{/* The base URL the pods post to: the progress Service, by its cluster DNS name. */}}
+{{- define "muralist.progressUrl" -}}
+{{- printf "https://%s.%s.svc:%v" (include "muralist.progressService" .) .Release.Namespace .Values.progress.service.port -}}
+{{- end -}}
+
+{{- define "muralist.selfManagedTls" -}}
+{{- if and .Values.progress.enabled (not .Values.progress.certManager.enabled) }}true{{ end -}}
+{{- end -}}
+
 {{- define "muralist.peered" -}}
 {{- if gt (int .Values.replicas) 1 }}true{{ end -}}
 {{- end -}}
@@ -59,27 +76,19 @@ kopf handlers in handlers.py), and nothing more.
 - apiGroups: ["muralist.dev"]
   resources: ["diffusionjobs/finalizers"]
   verbs: ["update"]
-# The Indexed Job: watched (kopf index), created, deleted on restart, patched to (un)suspend.
+# The Indexed Job: watched (kopf index), created, patched to (un)suspend, deleted when a job
+# fails in a way its own rules cannot see or passes its deadline.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "delete", "patch"]
+# Pods: watched (failures per index, who may post progress); a stalled pod is annotated with
+# the reason and deleted (the Job retries it).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch", "delete"]
+# The headless Service and the spec ConfigMap of each job.
 - apiGroups: [""]
-  resources: ["services"]
-  verbs: ["create"]
-# The spec and progress ConfigMaps. get and patch are not used by the operator itself: it
-# creates a Role granting them to the job's pods, and RBAC lets no one grant what it lacks.
-- apiGroups: [""]
-  resources: ["configmaps"]
-  verbs: ["list", "watch", "create", "get", "patch"]
-# The pods' ServiceAccount, Role and RoleBinding.
-- apiGroups: [""]
-  resources: ["serviceaccounts"]
-  verbs: ["create"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
+  resources: ["services", "configmaps"]
   verbs: ["create"]
 # One Event per transition of a DiffusionJob.
 - apiGroups: [""]
@@ -99,11 +108,12 @@ kopf handlers in handlers.py), and nothing more.
 {{- end }}
 {{- end -}}
 
-{{/* kopf keeps one status entry per instance in the peering object (list, watch, patch). */}}
+{{/* kopf keeps one status entry per instance in the peering object (list, watch, patch); the
+operator reads it (get) to know whether kopf has paused it. */}}
 {{- define "muralist.peeringRules" -}}
 - apiGroups: ["kopf.dev"]
   resources: ["{{ if .Values.watchNamespaces }}kopfpeerings{{ else }}clusterkopfpeerings{{ end }}"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 {{- end -}}
 
 {{- define "muralist.subjects" -}}

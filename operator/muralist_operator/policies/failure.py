@@ -1,51 +1,177 @@
-"""Failures: which pod failed, whether retrying can help, and restarting or giving up."""
+"""Failures, per index: each pod is its own failure domain and the Job controller retries it alone.
+
+The Job carries the rules (render.render_job: backoffLimitPerIndex = runPolicy.maxRestarts,
+maxFailedIndexes 0, podFailurePolicy FailJob on exit 78 and Ignore on disruptions); this policy
+reads what happened from the pods and the Job and says it in status: which index failed, how
+often, why, and when the job as a whole has failed.
+
+- A permanent failure (exit 78, or `"permanent": true` in a termination message, which
+  torchrun's own exit code may hide from the Job's rules) fails the job at once.
+- An index that failed more than maxRestarts times fails the job (the Job controller fails the
+  Job too, since maxFailedIndexes is 0).
+- Otherwise the job stays Running while the failed index is retried; `status.indexes` and
+  `status.restarts` count the retries.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from muralist_runtime.spec import contract
 from muralist_runtime.spec.api import DiffusionJob
-from muralist_runtime.spec.status import Phase
+from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
+from muralist_runtime.spec.status import MAX_FAILURE_MESSAGE, MAX_INDEX_ENTRIES, IndexStatus, Phase
 
 from muralist_operator.decision import (
+    REASON_DEADLINE,
     REASON_MAX_RESTARTS,
     REASON_PERMANENT,
     REASON_POD_FAILED,
     DeleteJob,
     Transition,
+    iso,
 )
 from muralist_operator.observe import JobView, PodView
 
-
-def first_failure(pods: list[PodView]) -> PodView | None:
-    """The failed pod to report: a permanent failure anywhere decides the outcome."""
-    failed = [p for p in pods if p.phase == "Failed" or p.termination is not None]
-    failed.sort(key=lambda p: (not (p.termination and p.termination.permanent), p.index))
-    return failed[0] if failed else None
+# The Job controller's reasons on its Failed condition.
+JOB_PERMANENT = "PodFailurePolicy"
+JOB_OUT_OF_RETRIES = ("MaxFailedIndexesExceeded", "FailedIndexes", "BackoffLimitExceeded")
 
 
-def restart_or_fail(t: Transition, job: DiffusionJob, reason: str, message: str) -> None:
-    """Recreate the pod group while restarts are left (runPolicy.maxRestarts); else fail."""
-    st, limit = t.status, job.spec.run_policy.max_restarts
-    if st.restarts < limit:
-        st.restarts += 1
-        t.phase(Phase.RESTARTING, reason, f"{message}; restarting the pod group ({st.restarts}/{limit})")
-        t.act(DeleteJob(reason))
-    else:
-        t.phase(Phase.FAILED, REASON_MAX_RESTARTS, f"{message}; gave up after {st.restarts} restarts "
+@dataclass(frozen=True)
+class IndexFailures:
+    """One index as its pods tell it: how often it failed, and its newest pod."""
+
+    index: int
+    failures: int
+    newest: PodView
+    last_failed: PodView | None
+
+    @property
+    def retrying(self) -> bool:
+        """Its newest pod failed and the Job controller has not started the next one yet, or the
+        next one is not running yet."""
+        return self.newest.counted_failure or (self.failures > 0 and self.newest.phase == "Pending")
+
+
+def _newest_first(pod: PodView) -> tuple[int, bool, str, str]:
+    # The retry count grows with each counted failure; a pod replacing a disrupted one has the
+    # same count and is live, or newer.
+    return (pod.failure_count, not pod.terminal, pod.created or "", pod.name)
+
+
+def by_index(pods: list[PodView]) -> dict[int, IndexFailures]:
+    groups: dict[int, list[PodView]] = {}
+    for pod in pods:
+        if pod.index >= 0:
+            groups.setdefault(pod.index, []).append(pod)
+    out: dict[int, IndexFailures] = {}
+    for index, group in groups.items():
+        group.sort(key=_newest_first, reverse=True)
+        newest = group[0]
+        failed = [p for p in group if p.counted_failure]
+        out[index] = IndexFailures(
+            index=index,
+            failures=newest.failure_count + (1 if newest.counted_failure else 0),
+            newest=newest,
+            last_failed=failed[0] if failed else None,
+        )
+    return out
+
+
+def failure_reason(pod: PodView) -> str:
+    if pod.stop_reason:
+        return pod.stop_reason
+    if pod.termination is not None and pod.termination.permanent:
+        return REASON_PERMANENT
+    return REASON_POD_FAILED
+
+
+def describe(pod: PodView) -> str:
+    """What went wrong with this pod, in one line."""
+    if pod.stopped:
+        return pod.stop_note or pod.stopped
+    term = pod.termination
+    if term is None:
+        return "failed"
+    report = contract.Termination.parse(term.message)
+    if report is not None and report.message:
+        return report.message  # the runtime's own words name the cause (and the field to change)
+    summary = term.summary
+    return summary if summary.startswith("exit code") else f"exit code {term.exit_code}: {summary}"
+
+
+def permanent(pods: list[PodView]) -> PodView | None:
+    """A pod whose failure no retry can fix (the lowest index, if several)."""
+    found = [p for p in pods if p.termination is not None and p.termination.permanent]
+    return min(found, key=lambda p: p.index) if found else None
+
+
+def record(t: Transition, indexes: dict[int, IndexFailures], limit: int) -> list[IndexFailures]:
+    """Bring status.indexes and status.restarts up to date; returns the indexes with a failure
+    not seen before (for events). Counts never go down: the Job's old pods may be gone."""
+    st = t.status
+    known = {entry.index: entry for entry in st.indexes}
+    new: list[IndexFailures] = []
+    for index, seen in sorted(indexes.items()):
+        entry = known.get(index)
+        if seen.failures == 0 or seen.last_failed is None:
+            continue
+        if entry is not None and entry.failures >= seen.failures:
+            continue
+        pod = seen.last_failed
+        known[index] = IndexStatus(index=index, failures=seen.failures, last_failure_reason=failure_reason(pod),
+                                   last_failure=f"pod {pod.name}: {describe(pod)}"[:MAX_FAILURE_MESSAGE],
+                                   last_failure_time=pod.finished or iso(t.now))
+        new.append(seen)
+    entries = sorted(known.values(), key=lambda e: (e.last_failure_time or "", e.index), reverse=True)
+    st.indexes = sorted(entries[:MAX_INDEX_ENTRIES], key=lambda e: e.index)
+    # A failure beyond the limit, or a permanent one, is not retried: it fails the job instead.
+    retries = sum(min(e.failures, limit) - (e.last_failure_reason == REASON_PERMANENT) for e in known.values())
+    st.restarts = max(st.restarts, retries)
+    return new
+
+
+def handle(t: Transition, job: DiffusionJob, current: JobView, pods: list[PodView]) -> bool:
+    """Record the failures and decide for the job; True when it has failed (the decision is made)."""
+    limit = job.spec.run_policy.max_restarts
+    indexes = by_index(pods)
+    for seen in record(t, indexes, limit):
+        pod = seen.last_failed
+        assert pod is not None
+        verdict = (f"retrying it alone ({min(seen.failures, limit)}/{limit})" if seen.failures <= limit
+                   else "no retries left")
+        t.event("Warning", failure_reason(pod), f"index {seen.index} (pod {pod.name}) {describe(pod)}; {verdict}")
+
+    # 1. What no retry can fix.
+    doomed = permanent(pods)
+    if doomed is not None or (current.failed and current.failure_reason == JOB_PERMANENT):
+        detail = f"index {doomed.index} (pod {doomed.name}): {describe(doomed)}" if doomed else current.failure_message
+        t.phase(Phase.FAILED, REASON_PERMANENT, f"{detail} (permanent, not retried)"[:2000])
+        hidden = doomed is not None and doomed.termination is not None \
+            and doomed.termination.exit_code != PERMANENT_FAILURE_EXIT_CODE
+        if hidden and not current.failed:
+            t.act(DeleteJob(REASON_PERMANENT))  # the Job's FailJob rule cannot see it: stop the pods
+        return True
+    # 2. An index out of retries.
+    spent = sorted((s for s in indexes.values() if s.failures > limit), key=lambda s: s.index)
+    if spent or (current.failed and current.failure_reason in JOB_OUT_OF_RETRIES):
+        if spent and spent[0].last_failed is not None:
+            s = spent[0]
+            detail = f"index {s.index} failed {s.failures} times, last: {describe(s.last_failed)}"  # type: ignore[arg-type]
+        else:
+            detail = current.failure_message or f"indexes {current.failed_indexes} failed"
+        t.phase(Phase.FAILED, REASON_MAX_RESTARTS, f"{detail}; gave up after {limit} retries of that index "
                 "(runPolicy.maxRestarts)")
-        t.act(DeleteJob(REASON_MAX_RESTARTS))
+        return True
+    # 3. The Job failed for another reason (its deadline is handled before this policy).
+    if current.failed and current.failure_reason != REASON_DEADLINE:
+        t.phase(Phase.FAILED, REASON_POD_FAILED, current.failure_message or current.failure_reason or "the Job failed")
+        return True
+    return False
 
 
-def handle_failure(t: Transition, job: DiffusionJob, current: JobView, pods: list[PodView]) -> bool:
-    """Decide for a failed group; False when nothing failed."""
-    failure = first_failure(pods)
-    if not current.failed and failure is None:
-        return False
-    term = failure.termination if failure else None
-    where = f"pod {failure.index}" if failure else "pod group"
-    detail = term.summary if term else (current.failure_message or current.failure_reason or "failed")
-    if term is not None and term.permanent:
-        t.phase(Phase.FAILED, REASON_PERMANENT, f"{where}: {detail} (permanent, not restarted)")
-        t.act(DeleteJob(REASON_PERMANENT))
-    else:
-        restart_or_fail(t, job, REASON_POD_FAILED, f"{where} failed: {detail}")
-    return True
+def retrying(pods: list[PodView], limit: int) -> list[IndexFailures]:
+    """Indexes waiting for, or starting, their next pod (for the Running message)."""
+    return sorted((s for s in by_index(pods).values() if s.retrying and s.failures <= limit),
+                  key=lambda s: s.index)

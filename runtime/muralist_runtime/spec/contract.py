@@ -41,7 +41,6 @@ MURALIST_CLAIMS_ADDR = "MURALIST_CLAIMS_ADDR"  # host:port of the work-claim sto
 MURALIST_NAMESPACE = "MURALIST_NAMESPACE"  # the job's namespace (a field reference)
 MURALIST_POD_NAME = "MURALIST_POD_NAME"  # the pod's name (a field reference), named in progress reports
 MURALIST_ATTEMPT = "MURALIST_ATTEMPT"  # this pod's retry of its index (0, 1, ...: the index failure count)
-MURALIST_PROGRESS_CONFIGMAP = "MURALIST_PROGRESS_CONFIGMAP"  # where ranks report live counts (until pushed)
 # Pushed progress: where the pod's first local rank posts, with which token and CA.
 MURALIST_PROGRESS_URL = "MURALIST_PROGRESS_URL"
 MURALIST_PROGRESS_TOKEN = "MURALIST_PROGRESS_TOKEN"  # a file the kubelet rotates (projected token)
@@ -51,10 +50,6 @@ MURALIST_PROGRESS_DIR = "MURALIST_PROGRESS_DIR"  # where a pod's ranks keep thei
 MURALIST_TERMINATION_LOG = "MURALIST_TERMINATION_LOG"  # overrides TERMINATION_LOG (local runs, tests)
 MURALIST_CACHE = "MURALIST_CACHE"  # where built-in tiny models are built (default under HF_HOME)
 MURALIST_STAGE_DIR = "MURALIST_STAGE_DIR"  # node-local disk for model.loading.stage
-# The API server for live progress outside a pod (tests); in a pod, the service account's.
-MURALIST_KUBE_API = "MURALIST_KUBE_API"
-MURALIST_KUBE_TOKEN = "MURALIST_KUBE_TOKEN"
-MURALIST_KUBE_CA = "MURALIST_KUBE_CA"
 # The operator's default runtime image (an operator setting, not a pod variable).
 MURALIST_RUNTIME_IMAGE = "MURALIST_RUNTIME_IMAGE"
 # Failure injection for tests (runtime/muralist_runtime/knobs.py says what each does).
@@ -86,6 +81,15 @@ DEFAULT_STAGE_DIR = "/tmp/muralist-stage"
 # Kubernetes reads a container's termination message from this file.
 TERMINATION_LOG = "/dev/termination-log"
 RUNTIME_MODULE = "muralist_runtime"
+# The container's entry point (runtime/muralist_runtime/launch.py): it starts this pod's
+# launcher (torchrun or accelerate launch) for its world and exits 78 on a permanent failure.
+LAUNCH_MODULE = f"{RUNTIME_MODULE}.launch"
+
+
+def pod_command(spec_file: str = SPEC_FILE, python: str = "python") -> list[str]:
+    """The command of every pod's container (and of a local agent), whatever the launcher and
+    the world: the runtime's launch entry point."""
+    return [python, "-m", LAUNCH_MODULE, "--spec", spec_file]
 
 # -- exit codes --------------------------------------------------------------------------------
 EXIT_OK = 0
@@ -208,11 +212,6 @@ def torchrun_env(world: World, rdzv: Rendezvous) -> dict[str, str]:
         PET_MASTER_ADDR: rdzv.master_addr,
         PET_MASTER_PORT: rdzv.master_port,
     }
-
-
-def pod_command(python: str = "python") -> list[str]:
-    """A pod's container command (and a local agent's): the launch entry point of the runtime."""
-    return [python, "-m", f"{RUNTIME_MODULE}.launch", "--spec", SPEC_FILE]
 
 
 def launcher_command(launcher: Launcher, world: World, rdzv: Rendezvous, spec_file: str,

@@ -74,7 +74,8 @@ class RunPolicy(ApiModel):
     stall_timeout_seconds: int | None = Field(
         None,
         ge=10,
-        description="Restart the group (reason Stalled) when no progress is reported for this long.",
+        description="Retry a pod (reason Stalled) whose ranks have stepped before but report no progress for "
+        "this long (a pod whose ranks are done is left alone).",
     )
 
     @field_validator("max_failed_items")

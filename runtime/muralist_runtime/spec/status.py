@@ -1,4 +1,5 @@
-"""The DiffusionJob's status: phase, conditions, progress. Written by the operator only."""
+"""The DiffusionJob's status: phase, conditions, progress with a forecast, per-index failures.
+Written by the operator only."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from .base import ApiModel
 class Phase(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
+    # Written by operators before per-index retries (they recreated the whole pod group);
+    # kept so that their objects still parse. A retrying index leaves the job Running.
     RESTARTING = "Restarting"
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
@@ -21,12 +24,34 @@ class Phase(StrEnum):
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
+# status.indexes lists at most this many indexes (the latest failures): a 1,024-pod job with a
+# bad node pool must not grow its status without bound.
+MAX_INDEX_ENTRIES = 32
+MAX_FAILURE_MESSAGE = 300
+
 
 class Progress(ApiModel):
-    summary: str = Field("", description="completed/total, for `kubectl get dj`.")
+    summary: str = Field("", description="completed/total and percent, for `kubectl get dj`.")
     total: int = Field(0, description="Images the job renders in all.")
-    completed: int = Field(0, description="Images on the volume (including ones kept from before a restart).")
+    completed: int = Field(0, description="Images on the volume (including ones kept from before a retry).")
     failed: int = Field(0, description="Images that could not be rendered.")
+    percent: float | None = Field(None, description="(completed + failed) / total, in percent; unset while the "
+                                  "total is unknown.")
+    images_per_second: float | None = Field(None, description="Images rendered per second over the last minute, "
+                                            "all pods together; unset until there is a rate.")
+    estimated_seconds_remaining: int | None = Field(None, description="Images left divided by imagesPerSecond; "
+                                                    "unset while there is no rate.")
+    eta: str = Field("", description="estimatedSecondsRemaining for people (`kubectl get dj`), e.g. 4m10s.")
+
+
+class IndexStatus(ApiModel):
+    index: int = Field(description="The pod's completion index (its share of the job).")
+    failures: int = Field(0, description="Pods of this index that failed; each is retried alone while "
+                          "runPolicy.maxRestarts allows.")
+    last_failure_reason: str = Field("", description="CamelCase: PodFailed, Stalled, PermanentError, ...")
+    last_failure: str = Field("", description="What the last failed pod of this index said (exit code, "
+                              "termination message).")
+    last_failure_time: str | None = Field(None, description="When that failure was seen.")
 
 
 class Condition(ApiModel):
@@ -39,15 +64,18 @@ class Condition(ApiModel):
 
 
 class DiffusionJobStatus(ApiModel):
-    phase: Phase = Field(Phase.PENDING, description="Pending | Running | Restarting | Suspended | Succeeded | Failed.")
+    phase: Phase = Field(Phase.PENDING, description="Pending | Running | Suspended | Succeeded | Failed "
+                         "(Restarting: written by older operators).")
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions (kstatus reads Ready).")
     observed_generation: int | None = Field(None, description="metadata.generation last reconciled.")
     world_size: int | None = Field(None, description="nodes x processesPerNode.")
     data_parallel_degree: int | None = Field(None, description="Groups rendering different images.")
-    progress: Progress = Field(default_factory=Progress, description="Images done out of total.")
-    restarts: int = Field(0, description="Times the pod group was recreated.")
-    start_time: str | None = Field(None, description="When the first pod group started.")
+    progress: Progress = Field(default_factory=Progress, description="Images done out of total, rate and ETA.")
+    restarts: int = Field(0, description="Pod retries, all indexes together (a failed pod is retried alone).")
+    indexes: list[IndexStatus] = Field(default_factory=list, max_length=MAX_INDEX_ENTRIES,
+                                       description="Indexes whose pods failed: how often and why (the latest "
+                                       f"{MAX_INDEX_ENTRIES}).")
+    start_time: str | None = Field(None, description="When the pods first started.")
     completion_time: str | None = Field(None, description="When the job finished.")
     output_path: str = Field("", description="Where the images are, inside the output volume.")
     message: str = Field("", description="Why the job is in its phase.")
-

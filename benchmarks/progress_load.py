@@ -1,0 +1,640 @@
+#!/usr/bin/env python3
+"""Progress pushed to the operator: the server under N posting pods, and what it costs.
+
+    ~/.cache/muralist/venv/bin/python benchmarks/progress_load.py [--variants 128x8 1024x1] [--duration 60]
+
+Three processes, so that neither the posters' CPU nor the bookkeeping counts against the server:
+
+- server (`_serve`): the real ProgressServer over TLS, the real TokenVerifier (its TokenReview
+  API is a stub that knows every pod's token, so only the first post of each pod reviews; the pod
+  lookup is a dict, as the operator's kopf index is), the real Aggregator, and a status writer
+  thread that writes through a counting stub whenever `Aggregator.take` gives it something
+  (at most once per second per job). It records each write's time and per-index counts.
+- posters (`_post`): one keep-alive aiohttp connection per pod, posting like the runtime: the
+  pod's cumulative counts every interval (3 s, or what the server answers), a first post at a
+  random offset within the interval, and a final post at the end. Each pod "renders" at
+  ranks / image-seconds images per second from its start, so the time every count was reached
+  is known exactly.
+- this one: starts both, reads the server's CPU time from /proc/<pid>/stat over the measured
+  window (after a warm-up that holds the TLS handshakes), and computes status lag: from the
+  moment a pod's count reached c to the first status write whose count for that pod is >= c.
+
+Targets: <= 1 status write per second per job, server CPU <= 10 % of one core, lag <= 5 s.
+
+Beside it, the path it replaces (`--configmap 1024x1`, on by default): the test control plane
+(hack/controlplane.py) and the operator of the commit before pushed progress
+(`--configmap-rev`, extracted with `git archive`, so this tree's code is not involved), one
+suspended DiffusionJob (no pods: only progress is measured), and every rank merge-patching its
+`rank-<r>` key of the job's progress ConfigMap every 5 s, as that runtime did, each over its own
+keep-alive connection with the admin's client certificate. Measured the same way: API-server
+writes for that job (ConfigMap patches + status writes), the operator's CPU (the whole
+process: kopf's ConfigMap watch is where it goes), and the lag from a count being reached to
+the first status (seen by a watch) whose progress.completed includes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from http import HTTPStatus
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "operator"), str(REPO / "runtime")]
+
+NAMESPACE, JOB, SERVICE = "bench", "catalog", "muralist-progress"
+SNI = f"{SERVICE}.muralist-system.svc"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+from muralist_operator.progress.aggregate import POST_BUDGET_PER_SECOND  # noqa: E402  (after the path)
+
+
+def token_for(index: int) -> str:
+    """A JWT-shaped token, so the verifier's expiry cap runs as it does for real tokens; its last
+    segment says which pod it is (see StubTokenReviews)."""
+    claims = {"sub": f"pod-{index}", "exp": int(time.time()) + 600}
+    payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    return f"eyJhbGciOiJSUzI1NiJ9.{payload}.sig{index}"
+
+
+# -- the server process ------------------------------------------------------------------------
+
+
+class StubTokenReviews:
+    """AuthenticationV1Api.create_token_review for the benchmark's tokens."""
+
+    def __init__(self, pods: int) -> None:
+        self.pods = {f"sig{i}": i for i in range(pods)}
+
+    def create_token_review(self, body: dict[str, Any]) -> Any:
+        index = self.pods.get(body["spec"]["token"].rsplit(".", 1)[-1])
+        if index is None:
+            return SimpleNamespace(status=SimpleNamespace(authenticated=False, error="invalid bearer token"))
+        user = SimpleNamespace(
+            username=f"system:serviceaccount:{NAMESPACE}:default",
+            extra={"authentication.kubernetes.io/pod-name": [f"{JOB}-{index}"],
+                   "authentication.kubernetes.io/pod-uid": [f"uid-{index}"]},
+        )
+        return SimpleNamespace(status=SimpleNamespace(authenticated=True, audiences=["muralist.dev"], user=user,
+                                                      error=None))
+
+
+def serve(args: argparse.Namespace) -> int:
+    from muralist_operator.progress.aggregate import Aggregator
+    from muralist_operator.progress.auth import PodInfo, TokenVerifier
+    from muralist_operator.progress.server import ProgressServer
+    from muralist_operator.progress.tls import read_mounted
+
+    out = Path(args.dir)
+    tls = read_mounted(out)  # as in cert-manager mode
+    pods = {(NAMESPACE, f"{JOB}-{i}"): PodInfo(f"{JOB}-{i}", f"uid-{i}", JOB, i) for i in range(args.pods)}
+    verifier = TokenVerifier(StubTokenReviews(args.pods), lambda ns, name: pods.get((ns, name)))
+    aggregator = Aggregator(post_budget_per_second=args.budget)
+    key = (NAMESPACE, JOB)
+    wake = threading.Event()
+    stop = threading.Event()
+
+    def on_report(namespace: str, job: str, report: Any) -> None:
+        aggregator.record((namespace, job), report)
+        wake.set()
+
+    writes: list[tuple[float, float, list[int]]] = []  # (asked `take`, snapshot made, per-index counts)
+    rates: list[float | None] = []
+
+    def writer() -> None:
+        # The integrator's reconcile trigger, reduced to its cost: wait for a report or for the
+        # throttle to open, then write what `take` gives.
+        while not stop.is_set():
+            delay = aggregator.next_due(key)
+            if delay is None:  # nothing new: sleep until a report comes
+                wake.wait(1.0)
+                wake.clear()
+                continue
+            if delay > 0:  # throttled: one timer, not a wake-up per report
+                stop.wait(delay)
+                continue
+            asked = time.monotonic()
+            snap = aggregator.take(key)
+            if snap is not None:
+                done = [0] * args.pods
+                for i, p in snap.indexes.items():
+                    done[i] = p.done
+                writes.append((asked, time.monotonic(), done))
+                rates.append(snap.status_fields()["imagesPerSecond"])  # what would be patched
+
+    # The pod lookup is a dict and the interval a cached number: nothing blocks (as in the operator).
+    server = ProgressServer(verifier, on_report, tls, host="127.0.0.1", port=0,
+                            interval=lambda ns, job: aggregator.suggested_interval(),
+                            lookups_block=args.lookups_block)
+    server.start()
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    (out / "port").write_text(str(server.port))
+    while not stop.wait(0.2):
+        pass
+    server.stop()
+    thread.join(5)
+    (out / "server.json").write_text(json.dumps({
+        "writes": writes,
+        "responses": dict(server.responses),
+        "connections": server.connections_seen,
+        "reviews": verifier.reviews,
+        "rates": rates,
+    }))
+    return 0
+
+
+# -- the posters process -----------------------------------------------------------------------
+
+
+async def post_all(args: argparse.Namespace) -> dict[str, Any]:
+    import aiohttp
+
+    out = Path(args.dir)
+    ctx = ssl.create_default_context(cadata=(out / "ca.crt").read_text())
+    url = f"https://127.0.0.1:{args.port}/v1/namespaces/{NAMESPACE}/diffusionjobs/{JOB}/progress"
+    rate = args.ranks / args.image_seconds  # images per second per pod
+    start = time.monotonic()
+    end = start + args.duration
+    starts = [start + random.uniform(0, args.image_seconds) for _ in range(args.pods)]
+    statuses: Counter[int] = Counter()
+    errors: Counter[str] = Counter()
+    intervals: Counter[int] = Counter()
+    latencies: list[float] = []
+
+    def body(i: int, now: float, final: bool) -> bytes:
+        done = max(0, int((now - starts[i]) * rate))
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return json.dumps({"pod": f"{JOB}-{i}", "index": i, "attempt": 0, "ranks": args.ranks, "completed": done,
+                           "skipped": 0, "failed": 0, "total": 1_000_000, "lastStepTime": stamp,
+                           "lastImageTime": stamp, "sentAt": stamp, "final": final}).encode()
+
+    async def pod(i: int) -> None:
+        headers = {"Authorization": f"Bearer {token_for(i)}", "Content-Type": "application/json"}
+        connector = aiohttp.TCPConnector(limit=1, ssl=ctx, keepalive_timeout=300)
+        interval = 3.0
+        async with aiohttp.ClientSession(connector=connector) as session:
+            await asyncio.sleep(random.uniform(0, interval))
+            while True:
+                now = time.monotonic()
+                final = now >= end
+                t0 = time.monotonic()
+                try:
+                    async with session.post(url, data=body(i, now, final), headers=headers,
+                                            server_hostname=SNI) as resp:
+                        statuses[resp.status] += 1
+                        if resp.status == HTTPStatus.OK:
+                            interval = float((await resp.json())["intervalSeconds"])
+                        elif resp.status == HTTPStatus.NO_CONTENT:
+                            interval = 3.0
+                        else:
+                            await resp.read()
+                        intervals[int(interval)] += 1
+                except (aiohttp.ClientError, TimeoutError) as e:
+                    errors[type(e).__name__] += 1
+                latencies.append(time.monotonic() - t0)
+                if final:
+                    return
+                await asyncio.sleep(max(0.0, min(interval, end - time.monotonic() + 0.001)))
+
+    await asyncio.gather(*(pod(i) for i in range(args.pods)))
+    latencies.sort()
+    return {"starts": starts, "rate": rate, "start": start, "end": end, "statuses": dict(statuses),
+            "errors": dict(errors), "intervals": dict(intervals),
+            "latency_p50": latencies[len(latencies) // 2], "latency_p95": latencies[int(len(latencies) * 0.95)]}
+
+
+def post(args: argparse.Namespace) -> int:
+    result = asyncio.run(post_all(args))
+    Path(args.dir, "posters.json").write_text(json.dumps(result))
+    return 0
+
+
+# -- the orchestrator --------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14 and 15)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
+
+
+def lags(posters: dict[str, Any], writes: list[tuple[float, list[int]]], since: float, until: float) -> list[float]:
+    """For every count c that pod i reached in [since, until]: first write with done[i] >= c, minus that moment."""
+    rate, out = posters["rate"], []
+    for i, started in enumerate(posters["starts"]):
+        w = 0
+        c = max(1, int((since - started) * rate) + 1)
+        while True:
+            reached = started + c / rate
+            if reached > until:
+                break
+            while w < len(writes) and (writes[w][0] < reached or writes[w][1][i] < c):
+                w += 1
+            if w == len(writes):
+                break
+            out.append(writes[w][0] - reached)
+            c += 1
+    return sorted(out)
+
+
+def run_variant(pods: int, ranks: int, args: argparse.Namespace) -> dict[str, Any]:
+    from muralist_operator.progress.tls import issue, new_ca, service_names
+
+    me = Path(__file__).resolve()
+    with tempfile.TemporaryDirectory(prefix="muralist-progress-bench-") as tmp:
+        out = Path(tmp)
+        ca_pem, ca_key = new_ca()
+        material = issue(service_names(SERVICE, "muralist-system"), ca_pem, ca_key)
+        (out / "tls.crt").write_bytes(material.cert_pem)
+        (out / "tls.key").write_bytes(material.key_pem)
+        (out / "ca.crt").write_bytes(ca_pem)
+        common = ["--dir", tmp, "--pods", str(pods), "--ranks", str(ranks)]
+        server = subprocess.Popen([sys.executable, str(me), "_serve", *common, "--budget", str(args.budget),
+                                   *(["--lookups-block"] if args.lookups_block else [])])
+        port_file = out / "port"
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the server process did not start")
+            time.sleep(0.05)
+        load_before = os.getloadavg()
+        posters = subprocess.Popen([sys.executable, str(me), "_post", *common, "--port", port_file.read_text(),
+                                    "--duration", str(args.duration), "--image-seconds", str(args.image_seconds)])
+        time.sleep(args.warmup)
+        cpu0, wall0 = cpu_seconds(server.pid), time.monotonic()
+        posters.wait()
+        cpu1, wall1 = cpu_seconds(server.pid), time.monotonic()
+        load_after = os.getloadavg()
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+        srv = json.loads((out / "server.json").read_text())
+        pst = json.loads((out / "posters.json").read_text())
+    # Gaps between writes from the moments `take` said yes (the throttle's promise); lag from the
+    # moments the snapshot was made (when the status to write held the count).
+    asked = [a for a, _, _ in srv["writes"]]
+    writes = [(t, done) for _, t, done in srv["writes"]]
+    window = (wall0, wall1)
+    in_window = [t for t in asked if window[0] <= t <= window[1]]
+    gaps = [b - a for a, b in itertools.pairwise(in_window)]
+    last_rate = [r for (t, _), r in zip(writes, srv["rates"], strict=True) if t <= pst["end"]][-1]
+    # Counts reached after the last full interval cannot be in any write yet: leave them out.
+    lag = lags(pst, writes, since=wall0, until=pst["end"] - 2 * max(int(k) for k in pst["intervals"]))
+    requests = sum(pst["statuses"].values())
+    return {
+        "variant": f"{pods} pods x {ranks} ranks",
+        "interval": int(max(pst["intervals"], key=lambda k: pst["intervals"][k])),  # what most posts were told
+        "requests_per_second": requests / (pst["end"] - pst["start"]),
+        "writes_per_second": len(gaps) / sum(gaps) if gaps else 0.0,
+        "min_write_gap": min(gaps, default=float("nan")),
+        "cpu_percent": 100 * (cpu1 - cpu0) / (wall1 - wall0),
+        "lag_p50": percentile(lag, 0.50),
+        "lag_p95": percentile(lag, 0.95),
+        "lag_max": lag[-1] if lag else float("nan"),
+        "lag_samples": len(lag),
+        "post_p50_ms": 1000 * pst["latency_p50"],
+        "post_p95_ms": 1000 * pst["latency_p95"],
+        "non_2xx": {k: v for k, v in pst["statuses"].items() if not k.startswith("2")} | pst["errors"],
+        "reviews": srv["reviews"],
+        "connections": srv["connections"],
+        "images_per_second": last_rate,
+        "expected_images_per_second": pods * ranks / args.image_seconds,
+        "load": (load_before, load_after),
+    }
+
+
+# -- today's path: ranks patching the progress ConfigMap, the previous operator summing it -------
+
+CM_INTERVAL_SECONDS = 5.0  # the ConfigMap reporter's PATCH_INTERVAL_SECONDS
+
+
+def kube_endpoint(kubeconfig: Path) -> tuple[str, str, str, str]:
+    """(server, CA file, client certificate, client key) of the test control plane's admin."""
+    doc = json.loads(kubeconfig.read_text())
+    cluster, user = doc["clusters"][0]["cluster"], doc["users"][0]["user"]
+    return cluster["server"], cluster["certificate-authority"], user["client-certificate"], user["client-key"]
+
+
+async def cm_post_all(args: argparse.Namespace) -> dict[str, Any]:
+    import aiohttp
+
+    server, ca, cert, key = kube_endpoint(Path(args.kubeconfig))
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.load_cert_chain(cert, key)
+    url = f"{server}/api/v1/namespaces/{NAMESPACE}/configmaps/{JOB}-progress"
+    rate = 1 / args.image_seconds  # images per second per rank
+    start = time.monotonic()
+    end = start + args.duration
+    starts = [start + random.uniform(0, args.image_seconds) for _ in range(args.ranks)]
+    statuses: Counter[int] = Counter()
+    errors: Counter[str] = Counter()
+    latencies: list[float] = []
+    ok_times: list[float] = []
+
+    def body(r: int, now: float) -> bytes:
+        done = max(0, int((now - starts[r]) * rate))
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        value = {"attempt": 0, "completed": done, "skipped": 0, "failed": 0, "total": 1_000_000 // args.ranks,
+                 "lastStepTime": stamp, "lastImageTime": stamp, "heartbeatTime": stamp}
+        return json.dumps({"data": {f"rank-{r}": json.dumps(value)}}).encode()
+
+    async def rank(r: int) -> None:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        connector = aiohttp.TCPConnector(limit=1, ssl=ctx, keepalive_timeout=300)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
+            await asyncio.sleep(random.uniform(0, CM_INTERVAL_SECONDS))
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                try:
+                    async with session.patch(url, data=body(r, t0), headers=headers) as resp:
+                        await resp.read()
+                        statuses[resp.status] += 1
+                        if resp.status < 300:
+                            ok_times.append(time.monotonic())
+                except (aiohttp.ClientError, TimeoutError) as e:
+                    errors[type(e).__name__] += 1
+                latencies.append(time.monotonic() - t0)
+                # Like the reporter: a fixed wait after each patch, whatever the patch took.
+                await asyncio.sleep(CM_INTERVAL_SECONDS)
+
+    await asyncio.gather(*(rank(r) for r in range(args.ranks)))
+    latencies.sort()
+    return {"starts": starts, "rate": rate, "start": start, "end": end, "statuses": dict(statuses),
+            "errors": dict(errors), "ok_times": ok_times,
+            "latency_p50": latencies[len(latencies) // 2], "latency_p95": latencies[int(len(latencies) * 0.95)]}
+
+
+def cm_post(args: argparse.Namespace) -> int:
+    result = asyncio.run(cm_post_all(args))
+    Path(args.dir, "posters.json").write_text(json.dumps(result))
+    return 0
+
+
+def true_totals(starts: list[float], rate: float, until: float) -> list[float]:
+    """When the job's true total reached 1, 2, 3, ... images (every rank renders at `rate`)."""
+    times = [s + k / rate for s in starts for k in range(1, int((until - s) * rate) + 1)]
+    return sorted(times)
+
+
+def cm_lags(posters: dict[str, Any], statuses: list[tuple[float, int]], since: float, until: float) -> list[float]:
+    reached = true_totals(posters["starts"], posters["rate"], until)
+    out, w = [], 0
+    for c, moment in enumerate(reached, start=1):
+        if moment < since:
+            continue
+        while w < len(statuses) and (statuses[w][0] < moment or statuses[w][1] < c):
+            w += 1
+        if w == len(statuses):
+            break
+        out.append(statuses[w][0] - moment)
+    return sorted(out)
+
+
+def process_cpu(pid: int) -> float:
+    total = 0.0
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            pids += [int(c) for c in (task / "children").read_text().split()]
+    for p in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(p)
+    return total
+
+
+def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> dict[str, Any]:
+    """1,024 ranks (pods x ranks) through the progress ConfigMap and the previous operator."""
+    sys.path.insert(0, str(REPO / "hack"))
+    import controlplane  # hack/controlplane.py
+    import yaml
+    from kubernetes import client, config, watch
+
+    total_ranks = pods * ranks
+    me = Path(__file__).resolve()
+    with tempfile.TemporaryDirectory(prefix="muralist-progress-cm-") as tmp:
+        work = Path(tmp)
+        old = work / "old"
+        old.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.configmap_rev, "cli", "operator", "runtime",
+                                  "crds"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        cp = controlplane.ControlPlane(controlplane.default_bin_dir(), work / "cluster")
+        cp.start()
+        operator: subprocess.Popen[bytes] | None = None
+        try:
+            api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+            ext, core = client.ApiextensionsV1Api(api), client.CoreV1Api(api)
+            custom = client.CustomObjectsApi(api)
+            ext.create_custom_resource_definition(yaml.safe_load((old / "crds" / "muralist.dev_diffusionjobs.yaml")
+                                                                 .read_text()))
+            env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
+                   "PYTHONPATH": os.pathsep.join(str(old / d) for d in ("cli", "operator", "runtime"))}
+            log = open(work / "operator.log", "wb")  # noqa: SIM115 (owned by the process)
+            operator = subprocess.Popen([sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0",
+                                         "--metrics-port", "0"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+            dj = {"apiVersion": "muralist.dev/v1alpha1", "kind": "DiffusionJob", "metadata": {"name": JOB},
+                  "spec": {"model": {"name": "muralist/tiny-flux"},
+                           "promptsFrom": {"configMapKeyRef": {"name": "prompts", "key": "prompts.txt"}},
+                           "parallelism": {"nodes": pods, "gpusPerNode": 0, "processesPerNode": ranks},
+                           "runPolicy": {"suspend": True}}}
+            deadline = time.monotonic() + 60
+            while True:  # the CRD is served a moment after it is created
+                try:
+                    custom.create_namespaced_custom_object("muralist.dev", "v1alpha1", NAMESPACE, "diffusionjobs", dj)
+                    break
+                except client.ApiException:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            while True:  # the operator creates the progress ConfigMap with the job's other children
+                try:
+                    core.read_namespaced_config_map(f"{JOB}-progress", NAMESPACE)
+                    break
+                except client.ApiException:
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"no progress ConfigMap from the old operator: {work}/operator.log") from None
+                    time.sleep(0.5)
+
+            statuses: list[tuple[float, int]] = []  # (seen, status.progress.completed)
+            stop = threading.Event()
+
+            def watch_status() -> None:
+                # A loaded API server drops watches now and then: watch again from where it was.
+                version = None
+                while not stop.is_set():
+                    try:
+                        for event in watch.Watch().stream(
+                                custom.list_namespaced_custom_object, "muralist.dev", "v1alpha1", NAMESPACE,
+                                "diffusionjobs", resource_version=version, timeout_seconds=60):
+                            obj = event["object"]
+                            version = obj["metadata"]["resourceVersion"]
+                            done = ((obj.get("status") or {}).get("progress") or {}).get("completed", 0)
+                            if not statuses or statuses[-1][1] != int(done) or event["type"] == "MODIFIED":
+                                statuses.append((time.monotonic(), int(done)))
+                            if stop.is_set():
+                                return
+                    except Exception:  # dropped or expired: list and watch again
+                        version = None
+                        time.sleep(0.2)
+
+            watcher = threading.Thread(target=watch_status, daemon=True)
+            watcher.start()
+            load_before = os.getloadavg()
+            posters = subprocess.Popen([sys.executable, str(me), "_cmpost", "--dir", tmp, "--ranks", str(total_ranks),
+                                        "--kubeconfig", str(cp.kubeconfig), "--duration", str(args.duration),
+                                        "--image-seconds", str(args.image_seconds)])
+            time.sleep(args.warmup)
+            cpu0, wall0 = process_cpu(operator.pid), time.monotonic()
+            posters.wait()
+            cpu1, wall1 = process_cpu(operator.pid), time.monotonic()
+            load_after = os.getloadavg()
+            time.sleep(2 * CM_INTERVAL_SECONDS)  # what the operator still had queued
+            stop.set()
+            pst = json.loads((work / "posters.json").read_text())
+        finally:
+            if operator is not None and operator.poll() is None:
+                os.killpg(operator.pid, signal.SIGTERM)
+                try:
+                    operator.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(operator.pid, signal.SIGKILL)
+            cp.stop()
+    window = (wall0, wall1)
+    patches = sum(1 for t in pst["ok_times"] if window[0] <= t <= window[1])
+    # The job's spec never changes here: every event after the first is a status write.
+    changes = [t for t, _ in statuses[1:] if window[0] <= t <= window[1]]
+    seconds = window[1] - window[0]
+    lag = cm_lags(pst, statuses, since=wall0, until=pst["end"] - 2 * CM_INTERVAL_SECONDS)
+    requests = sum(pst["statuses"].values())
+    return {
+        "variant": f"{pods} pods x {ranks} ranks",
+        "path": f"ConfigMap (operator at {args.configmap_rev})",
+        "interval": int(CM_INTERVAL_SECONDS),
+        "requests_per_second": requests / (pst["end"] - pst["start"]),
+        "api_writes_per_second": (patches + len(changes)) / seconds,
+        "writes_per_second": len(changes) / seconds,
+        "cpu_percent": 100 * (cpu1 - cpu0) / seconds,
+        "lag_p50": percentile(lag, 0.50),
+        "lag_p95": percentile(lag, 0.95),
+        "lag_max": lag[-1] if lag else float("nan"),
+        "lag_samples": len(lag),
+        "post_p50_ms": 1000 * pst["latency_p50"],
+        "post_p95_ms": 1000 * pst["latency_p95"],
+        "non_2xx": {k: v for k, v in pst["statuses"].items() if not k.startswith("2")} | pst["errors"],
+        "load": (load_before, load_after),
+    }
+
+
+def comparison(rows: list[dict[str, Any]]) -> str:
+    """The two paths side by side: what each costs the API server and the operator, and the lag."""
+    head = ("| path | variant | posts/s | API-server writes/s for the job | of which status writes/s | "
+            "operator CPU (% of a core) | status lag p50 / p95 / max (s) | post latency p50 / p95 (ms) | "
+            "refused/errors | load avg before -> after |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            f"| {r['path']} | {r['variant']} | {r['requests_per_second']:.0f} | {r['api_writes_per_second']:.2f} | "
+            f"{r['writes_per_second']:.2f} | {r['cpu_percent']:.1f} | "
+            f"{r['lag_p50']:.2f} / {r['lag_p95']:.2f} / {r['lag_max']:.2f} | "
+            f"{r['post_p50_ms']:.1f} / {r['post_p95_ms']:.1f} | {r['non_2xx'] or 'none'} | "
+            f"{' '.join(f'{x:.2f}' for x in r['load'][0])} -> {' '.join(f'{x:.2f}' for x in r['load'][1])} |"
+        )
+    return "\n".join(lines)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| variant | interval told (s) | requests/s | status writes/s | server CPU (% of a core) | "
+            "min gap between writes (s) | lag p50 / p95 / max (s) | post latency p50 / p95 (ms) | TokenReviews | "
+            "connections | refused/errors | images/s aggregated (expected) | load avg before -> after |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['interval']} | {r['requests_per_second']:.0f} | {r['writes_per_second']:.2f} | "
+            f"{r['cpu_percent']:.1f} | {r['min_write_gap']:.2f} | "
+            f"{r['lag_p50']:.2f} / {r['lag_p95']:.2f} / {r['lag_max']:.2f} | "
+            f"{r['post_p50_ms']:.1f} / {r['post_p95_ms']:.1f} | {r['reviews']} | {r['connections']} | "
+            f"{r['non_2xx'] or 'none'} | {r['images_per_second']} ({r['expected_images_per_second']:.0f}) | "
+            f"{' '.join(f'{x:.2f}' for x in r['load'][0])} -> {' '.join(f'{x:.2f}' for x in r['load'][1])} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("role", nargs="?", default="run", choices=["run", "_serve", "_post", "_cmpost"])
+    parser.add_argument("--variants", nargs="+", default=["128x8", "1024x1"], help="PODSxRANKS")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of posting per variant")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds left out of the CPU figure")
+    parser.add_argument("--image-seconds", type=float, default=4.0, help="seconds per image per rank")
+    parser.add_argument("--budget", type=float, default=POST_BUDGET_PER_SECOND,
+                        help="posts/s the server asks pods to stay within")
+    parser.add_argument("--lookups-block", action="store_true",
+                        help="verify every post on a worker thread, as with blocking lookups")
+    parser.add_argument("--configmap", nargs="*", default=["1024x1"], metavar="PODSxRANKS",
+                        help="the same load through the progress ConfigMap and the previous operator (none: skip)")
+    parser.add_argument("--configmap-rev", default="3e0854c",
+                        help="the commit whose operator sums the progress ConfigMap (before pushed progress)")
+    parser.add_argument("--kubeconfig")
+    parser.add_argument("--dir")
+    parser.add_argument("--pods", type=int)
+    parser.add_argument("--ranks", type=int)
+    parser.add_argument("--port", type=int)
+    args = parser.parse_args()
+    if args.role == "_serve":
+        return serve(args)
+    if args.role == "_post":
+        return post(args)
+    if args.role == "_cmpost":
+        return cm_post(args)
+    rows = []
+    for variant in args.variants:
+        pods, ranks = (int(x) for x in variant.split("x"))
+        rows.append(run_variant(pods, ranks, args))
+        print(json.dumps(rows[-1], default=str), file=sys.stderr)
+    side_by_side = []
+    for variant in args.configmap:
+        pods, ranks = (int(x) for x in variant.split("x"))
+        pushed = next((r for r in rows if r["variant"] == f"{pods} pods x {ranks} ranks"), None)
+        if pushed is not None:
+            side_by_side.append({**pushed, "path": "pushed (this tree)",
+                                 "api_writes_per_second": pushed["writes_per_second"]})
+        side_by_side.append(run_configmap_variant(pods, ranks, args))
+        print(json.dumps(side_by_side[-1], default=str), file=sys.stderr)
+    print(f"\n{os.cpu_count()} CPUs; {args.duration:.0f} s of posting per variant, CPU after {args.warmup:.0f} s "
+          f"warm-up; {args.image_seconds} s per image per rank; post budget {args.budget:.0f}/s; "
+          f"verification {'always on worker threads' if args.lookups_block else 'inline when the token is cached'}\n")
+    print(table(rows))
+    if side_by_side:
+        print(f"\nThe same load through the progress ConfigMap (every rank patches its key every "
+              f"{CM_INTERVAL_SECONDS:.0f} s; the operator watches the ConfigMap and writes status), beside the pushed "
+              "path. Pushed: API-server writes are the status writes (TokenReviews aside), CPU is the progress "
+              "server's process; ConfigMap: patches + status writes, CPU is the whole operator.\n")
+        print(comparison(side_by_side))
+    print(f"\n`uptime`: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""Job progress from the pods' reports, in memory: totals, percent, rate, ETA, and a write throttle.
+
+Pure (no I/O, an injected clock): the server thread records reports, the reconciler reads
+snapshots and asks `due()` before writing status, so 1,000 pods posting every few seconds
+still mean at most one status write per job per `write_interval`.
+
+Per completion index the newest pod wins: a report of a newer attempt (or of a new pod that
+replaced the index's pod) takes the index over, and a late post of a retired pod is ignored.
+What earlier pods of the index finished stays counted (`floor`): the next attempt skips those
+images on disk, but only says so as it reaches them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from muralist_operator.progress.report import DEFAULT_POST_INTERVAL_SECONDS, PodReport
+
+JobKey = tuple[str, str]  # (namespace, name)
+
+RATE_WINDOW_SECONDS = 60.0
+WRITE_INTERVAL_SECONDS = 1.0
+# Posts per second one replica is meant to absorb; beyond it pods are told to post less often.
+# 300: 1,024 pods post every 4 s, which keeps both the server's CPU (~8 % of a core) and the
+# status lag (interval + write interval, ~5 s at worst) within their targets
+# (benchmarks/progress_load.py).
+POST_BUDGET_PER_SECOND = 300.0
+MAX_POST_INTERVAL_SECONDS = 30
+# Rate samples closer together than this are merged: a window holds ~60 samples, not one per post.
+_SAMPLE_RESOLUTION = 1.0
+
+
+@dataclass(frozen=True)
+class IndexProgress:
+    """The newest pod of one completion index, as the reconciler needs it for stall detection."""
+
+    index: int
+    pod: str
+    attempt: int
+    done: int
+    failed: int
+    total: int
+    progress_time: datetime | None
+    last_post: float  # on the aggregator's clock: liveness, not progress
+    final: bool
+    done_flag: bool = False  # the pod said its ranks have no more work
+
+    @property
+    def finished(self) -> bool:
+        """Silence is expected from here on: the pod's last post, or its work is done. (Its counts
+        cannot say so: with work claimed at run time no pod knows its share in advance, and
+        `total` is the job's.)"""
+        return self.final or self.done_flag
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    completed: int  # rendered or skipped (already on disk)
+    failed: int
+    total: int
+    percent: float | None  # None while the total is unknown
+    images_per_second: float | None  # None until the window has a span to divide by
+    estimated_seconds_remaining: int | None
+    ranks: int
+    indexes: dict[int, IndexProgress]
+
+    @property
+    def oldest_progress_time(self) -> datetime | None:
+        """The longest-quiet unfinished index's last progress: what a stall timeout compares to."""
+        times = [i.progress_time for i in self.indexes.values() if not i.finished and i.progress_time]
+        return min(times, default=None)
+
+    def status_fields(self) -> dict[str, Any]:
+        """`status.progress` in the API's spelling."""
+        return {
+            "completed": self.completed,
+            "failed": self.failed,
+            "total": self.total,
+            "percent": self.percent,
+            "imagesPerSecond": self.images_per_second,
+            "estimatedSecondsRemaining": self.estimated_seconds_remaining,
+            "summary": f"{self.completed}/{self.total}",
+        }
+
+
+@dataclass
+class _Slot:
+    report: PodReport
+    received: float
+    floor: int = 0
+    retired: set[str] = field(default_factory=set)
+
+    @property
+    def done(self) -> int:
+        return max(self.floor, self.report.done)
+
+    def view(self) -> IndexProgress:
+        r = self.report
+        return IndexProgress(r.index, r.pod, r.attempt, self.done, r.failed, r.total, r.progress_time,
+                             self.received, r.final, r.finished)
+
+
+@dataclass
+class _Job:
+    first_seen: float
+    slots: dict[int, _Slot] = field(default_factory=dict)
+    known_total: int | None = None
+    # Images rendered while we watched (skipped ones excluded): the rate's numerator only grows.
+    rendered: int = 0
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+    dirty: bool = True
+    last_write: float | None = None
+
+    def counts(self) -> tuple[int, int, int]:
+        done = sum(s.done for s in self.slots.values())
+        failed = sum(s.report.failed for s in self.slots.values())
+        # Every pod reports the job's total (items are claimed at run time, not pre-assigned).
+        total = self.known_total if self.known_total is not None else max(
+            (s.report.total for s in self.slots.values()), default=0)
+        return done, failed, total
+
+
+def _merge(old: PodReport, new: PodReport) -> PodReport:
+    """Cumulative counters never go down, so the field-wise max is right whatever order posts arrive in."""
+    def later(a: datetime | None, b: datetime | None) -> datetime | None:
+        return max(filter(None, (a, b)), default=None)
+
+    return PodReport(
+        pod=new.pod, index=new.index, attempt=new.attempt, ranks=new.ranks,
+        completed=max(old.completed, new.completed), skipped=max(old.skipped, new.skipped),
+        failed=max(old.failed, new.failed), total=new.total,
+        last_step_time=later(old.last_step_time, new.last_step_time),
+        last_image_time=later(old.last_image_time, new.last_image_time),
+        sent_at=max(old.sent_at, new.sent_at), final=old.final or new.final,
+        finished=old.finished or new.finished,
+    )
+
+
+def post_interval(active_pods: int, budget_per_second: float = POST_BUDGET_PER_SECOND) -> int:
+    """How often each pod should post so that all of them together stay within the budget."""
+    needed = math.ceil(active_pods / budget_per_second) if budget_per_second > 0 else MAX_POST_INTERVAL_SECONDS
+    return min(MAX_POST_INTERVAL_SECONDS, max(DEFAULT_POST_INTERVAL_SECONDS, needed))
+
+
+class Aggregator:
+    """Thread-safe: the progress server records from its thread, the reconciler reads from others."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        write_interval: float = WRITE_INTERVAL_SECONDS,
+        rate_window: float = RATE_WINDOW_SECONDS,
+        post_budget_per_second: float = POST_BUDGET_PER_SECOND,
+    ) -> None:
+        self._clock = clock
+        self.write_interval = write_interval
+        self.rate_window = rate_window
+        self.post_budget_per_second = post_budget_per_second
+        self._jobs: dict[JobKey, _Job] = {}
+        self._lock = threading.Lock()
+        self._interval: tuple[float, int] | None = None  # (computed at, value)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def record(self, job: JobKey, report: PodReport, now: float | None = None) -> bool:
+        """Apply one pod's report; False when it was stale (an older attempt, a retired pod)."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None:
+                state = self._jobs[job] = _Job(first_seen=now)
+            slot = state.slots.get(report.index)
+            if slot is None:
+                # The first word from this index. It may come after an operator restart with
+                # hundreds of images in it: none of them counts toward the rate.
+                state.slots[report.index] = _Slot(report, now)
+                state.dirty = True
+                return True
+            old = slot.report
+            if report.attempt < old.attempt or report.pod in slot.retired:
+                return False
+            before = (slot.done, old.failed, old.total, old.final)
+            if report.attempt > old.attempt or report.pod != old.pod:
+                slot.floor = slot.done
+                slot.retired.add(old.pod)
+                slot.report = report
+                rendered = report.completed  # all since the index's previous pod
+            else:
+                slot.report = _merge(old, report)
+                rendered = slot.report.completed - old.completed
+            slot.received = now
+            if rendered > 0:
+                self._add_rendered(state, rendered, now)
+            if (slot.done, slot.report.failed, slot.report.total, slot.report.final) != before:
+                state.dirty = True
+            return True
+
+    def set_total(self, job: JobKey, total: int | None) -> None:
+        """The job's item count when the operator knows it (otherwise the pods' totals are summed)."""
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None:
+                state = self._jobs[job] = _Job(first_seen=self._clock())
+            if state.known_total != total:
+                state.known_total = total
+                state.dirty = True
+
+    def forget(self, job: JobKey) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+
+    def written(self, job: JobKey, now: float | None = None) -> None:
+        """The caller wrote this job's progress in a status write of its own (a reconcile that
+        had other reasons to write): the throttle counts it like one `due` granted."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is not None:
+                state.dirty = False
+                state.last_write = now
+
+    def mark_dirty(self, job: JobKey) -> None:
+        """A status write failed: make the job due again (still throttled)."""
+        with self._lock:
+            if job in self._jobs:
+                self._jobs[job].dirty = True
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def jobs(self) -> list[JobKey]:
+        with self._lock:
+            return list(self._jobs)
+
+    def due(self, job: JobKey, now: float | None = None) -> bool:
+        """True at most once per write interval, and only when the counts changed since the last
+        True: the caller then writes status. Step times alone do not make a job due: they serve
+        stall detection, which reads them from here, not from status."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None or not state.dirty:
+                return False
+            if state.last_write is not None and now - state.last_write < self.write_interval:
+                return False
+            state.dirty = False
+            state.last_write = now
+            return True
+
+    def next_due(self, job: JobKey, now: float | None = None) -> float | None:
+        """Seconds until `due` can say True (0: now); None when nothing changed. For scheduling a wake-up."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None or not state.dirty:
+                return None
+            if state.last_write is None:
+                return 0.0
+            return max(0.0, state.last_write + self.write_interval - now)
+
+    def snapshot(self, job: JobKey, now: float | None = None) -> JobProgress | None:
+        now = self._clock() if now is None else now
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None:
+                return None
+            done, failed, total = state.counts()
+            rate = self._rate(state, now)
+            remaining = max(0, total - done - failed)
+            if not total:
+                eta = None
+            elif remaining == 0:
+                eta = 0
+            else:
+                eta = math.ceil(remaining / rate) if rate else None
+            return JobProgress(
+                completed=done,
+                failed=failed,
+                total=total,
+                percent=min(100.0, round(100.0 * (done + failed) / total, 1)) if total else None,
+                images_per_second=None if rate is None else round(rate, 3),
+                estimated_seconds_remaining=eta,
+                ranks=sum(s.report.ranks for s in state.slots.values()),
+                indexes={i: s.view() for i, s in state.slots.items()},
+            )
+
+    def take(self, job: JobKey, now: float | None = None) -> JobProgress | None:
+        """`due` and `snapshot` in one: the progress to write now, or None."""
+        now = self._clock() if now is None else now
+        return self.snapshot(job, now) if self.due(job, now) else None
+
+    def suggested_interval(self, now: float | None = None) -> int:
+        """The post interval for every pod of this replica (backpressure), recomputed once a second:
+        counting the pods on every post would cost more than the post."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            if self._interval is not None and now - self._interval[0] < 1.0:
+                return self._interval[1]
+            recent = now - 2 * MAX_POST_INTERVAL_SECONDS
+            active = sum(
+                1
+                for state in self._jobs.values()
+                for slot in state.slots.values()
+                if not slot.report.final and slot.received >= recent
+            )
+            value = post_interval(active, self.post_budget_per_second)
+            self._interval = (now, value)
+            return value
+
+    # -- the rate ----------------------------------------------------------------------------
+
+    def _add_rendered(self, state: _Job, count: int, now: float) -> None:
+        state.rendered += count
+        if state.samples and now - state.samples[-1][0] < _SAMPLE_RESOLUTION:
+            state.samples[-1] = (state.samples[-1][0], state.rendered)
+        else:
+            state.samples.append((now, state.rendered))
+        # Keep one sample at or before the window's start: the baseline the increase counts from.
+        start = now - self.rate_window
+        while len(state.samples) > 1 and state.samples[1][0] <= start:
+            state.samples.popleft()
+
+    def _rate(self, state: _Job, now: float) -> float | None:
+        """Images rendered over the last window (or since the job was first seen), per second."""
+        begin = max(now - self.rate_window, state.first_seen)
+        span = now - begin
+        if span < _SAMPLE_RESOLUTION:
+            return None  # a count over a sliver of time would be noise
+        baseline = 0
+        for t, value in state.samples:
+            if t > begin:
+                break
+            baseline = value
+        return (state.rendered - baseline) / span

@@ -1,0 +1,314 @@
+"""The HTTPS endpoint pods post progress to, on its own thread and event loop.
+
+Not on kopf's loop: a burst of 1,000 posts (or a slow TokenReview) must not delay watch
+events, and kopf's loop must not delay the posts. Verification (a cache lookup, now and then a
+TokenReview; the pod lookup) runs on a small thread pool, so the loop only parses HTTP.
+
+    POST /v1/namespaces/{namespace}/diffusionjobs/{job}/progress
+      204  accepted: keep posting at the default interval (report.DEFAULT_POST_INTERVAL_SECONDS)
+      200  accepted, {"intervalSeconds": N}: post every N seconds from now on (backpressure)
+      400  malformed body: {"error": "..."} names the field
+      401  no token, a refused token, another audience, or the token's pod is gone
+      403  a valid token of a pod that is not that job's pod (or not the pod the body names)
+      404  unknown job
+      413  body over the limit
+      503  not the active replica (Retry-After), or the API server could not be asked
+    GET /readyz   200 on the active replica, 503 on a standby: a readiness probe on it keeps the
+                  progress Service's endpoints on the replica that reconciles
+    GET /healthz  200 while the loop runs
+
+The response says the interval every time (204 = the default), so a pod follows the latest
+answer and no state about what a pod was told is kept here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import ssl
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from muralist_operator.progress.auth import Identity, Verdict
+from muralist_operator.progress.report import DEFAULT_POST_INTERVAL_SECONDS, PodReport, ReportError, parse_report
+from muralist_operator.progress.tls import TlsMaterial, server_context
+
+log = logging.getLogger("muralist.progress.server")
+
+PATH = "/v1/namespaces/{namespace}/diffusionjobs/{job}/progress"
+MAX_BODY_BYTES = 16 * 1024
+# Longer than the longest post interval, so a pod keeps one connection (and one TLS handshake).
+KEEPALIVE_SECONDS = 120.0
+REFUSAL_LOG_WINDOW_SECONDS = 60.0
+
+OnReport = Callable[[str, str, PodReport], None]
+
+
+class Verifier(Protocol):
+    """auth.TokenVerifier, or a stub in tests."""
+
+    def cached(self, token: str | None) -> bool:
+        """True when `authenticate` would answer from memory (no TokenReview)."""
+        ...
+
+    def authenticate(self, token: str | None) -> Verdict: ...
+
+    def authorize(self, identity: Identity, namespace: str, job: str, pod: str, index: int) -> Verdict: ...
+
+
+class RefusalLog:
+    """One line per (status, namespace, job) per window, with how many were held back since the
+    last: a misconfigured job of 1,000 pods must not write 300 lines a second."""
+
+    def __init__(self, window: float = REFUSAL_LOG_WINDOW_SECONDS, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = 10_000) -> None:
+        self.window = window
+        self._clock = clock
+        self.max_keys = max_keys
+        self._last: dict[tuple[int, str, str], tuple[float, int]] = {}
+
+    def refused(self, status: int, namespace: str, job: str, reason: str, peer: str, exc_info: bool = False) -> bool:
+        """Log the refusal unless one like it was logged within the window; True when logged.
+        `exc_info`: our own failure (5xx), so the logged line carries the traceback."""
+        now = self._clock()
+        key = (status, namespace, job)
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.window:
+            self._last[key] = (last[0], last[1] + 1)
+            return False
+        held = f" ({last[1]} more like it held back)" if last and last[1] else ""
+        log.warning("refused a progress post for %s/%s from %s: %d %s%s", namespace, job, peer, status, reason, held,
+                    exc_info=exc_info)
+        if len(self._last) >= self.max_keys:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        return True
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+class ProgressServer:
+    def __init__(
+        self,
+        verifier: Verifier,
+        on_report: OnReport,
+        tls: TlsMaterial | None,
+        *,
+        host: str = "0.0.0.0",
+        port: int = 8443,
+        is_active: Callable[[], bool] = lambda: True,
+        job_exists: Callable[[str, str], bool] | None = None,
+        interval: Callable[[str, str], int] | None = None,
+        max_body: int = MAX_BODY_BYTES,
+        keepalive_timeout: float = KEEPALIVE_SECONDS,
+        workers: int = 4,
+        refusals: RefusalLog | None = None,
+        lookups_block: bool = True,
+    ) -> None:
+        """`tls=None` serves plain HTTP (behind a mesh that terminates TLS; tests). `on_report`
+        runs on the server's loop thread: keep it quick and thread-safe (the aggregator's
+        `record` plus a wake-up of the reconciler). `job_exists` and `interval`: None means
+        every job exists and the default interval always holds.
+
+        Verification runs on worker threads, since a TokenReview (and, in tests, a pod lookup
+        over the API) blocks. `lookups_block=False` says that the pod lookup, `job_exists` and
+        `interval` only read memory (the operator's kopf indexes): a post whose token is cached
+        is then checked on the loop itself, which saves the thread hop (~20 % of the server's
+        CPU at 350 posts/s, benchmarks/progress_load.py)."""
+        self._verifier = verifier
+        self._on_report = on_report
+        self._ssl = server_context(tls) if tls is not None else None
+        self.host, self.port = host, port
+        self._is_active = is_active
+        self._job_exists = job_exists
+        self._interval = interval
+        self._max_body = max_body
+        self._keepalive = keepalive_timeout
+        self._workers = workers
+        self._refusals = refusals or RefusalLog()
+        self._lookups_block = lookups_block
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._runner: web.AppRunner | None = None
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        # What the operator's metrics can export: responses by status, and connections seen.
+        self.responses: Counter[int] = Counter()
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.connections_seen = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> ProgressServer:
+        """Listen (port 0: any free port, then `self.port` says which) and serve until `stop`."""
+        sock = socket.create_server((self.host, self.port), backlog=1024)
+        self.port = sock.getsockname()[1]
+        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="muralist-progress-verify")
+        self._thread = threading.Thread(target=self._run, args=(sock,), name="muralist-progress-server", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise RuntimeError(f"the progress server did not start within {timeout}s")
+        if self._start_error is not None:
+            raise RuntimeError(f"the progress server did not start: {self._start_error}") from self._start_error
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._loop = self._thread = self._pool = None
+
+    def update_tls(self, material: TlsMaterial) -> None:
+        """Serve a renewed certificate to new connections (on the loop thread: OpenSSL contexts
+        are not to be changed while a handshake reads them)."""
+        if self._ssl is None:
+            raise RuntimeError("this server was started without TLS")
+        if self._loop is None:
+            server_context(material, self._ssl)
+            return
+        asyncio.run_coroutine_threadsafe(self._reload(material), self._loop).result(timeout=10)
+
+    async def _reload(self, material: TlsMaterial) -> None:
+        assert self._ssl is not None
+        server_context(material, self._ssl)
+
+    def _run(self, sock: socket.socket) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._serve(sock))
+        except BaseException as e:  # reported by start()
+            self._start_error = e
+            self._started.set()
+            loop.close()
+            sock.close()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            assert self._runner is not None
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+    async def _serve(self, sock: socket.socket) -> None:
+        app = web.Application(client_max_size=self._max_body)
+        app.router.add_post(PATH, self._progress)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/healthz", self._healthz)
+        # No access log: 300 posts a second would drown everything else; refusals are logged.
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=self._keepalive, shutdown_timeout=2.0)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock, ssl_context=self._ssl, backlog=1024).start()
+
+    # -- handlers ----------------------------------------------------------------------------
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self._is_active():
+            return web.Response(text="active\n")
+        return web.Response(status=503, text="standby: another replica reconciles\n")
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _progress(self, request: web.Request) -> web.StreamResponse:
+        transport = request.transport
+        if transport is not None and transport not in self._connections:
+            self._connections.add(transport)
+            self.connections_seen += 1
+        namespace, job = request.match_info["namespace"], request.match_info["job"]
+        response = await self._answer(request, namespace, job)
+        self.responses[response.status] += 1
+        return response
+
+    async def _answer(self, request: web.Request, namespace: str, job: str) -> web.Response:
+        peer = request.remote or "?"
+        if not self._is_active():
+            self._refusals.refused(503, namespace, job, "not the active replica", peer)
+            return _error(503, "not the active replica", {"Retry-After": "5"})
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self._refusals.refused(413, namespace, job, "body too large", peer)
+            return _error(413, f"the body must be at most {self._max_body} bytes")
+        token = _bearer(request.headers.get("Authorization"))
+        check = (token, namespace, job, request.content_type, body)
+        try:
+            if not self._lookups_block and self._verifier.cached(token):
+                status, message, report, interval = self._check(*check)
+            else:
+                loop = asyncio.get_running_loop()
+                status, message, report, interval = await loop.run_in_executor(self._pool, self._check, *check)
+        except Exception as e:  # a pod lookup or the API server failing: the pod retries later
+            self._refusals.refused(503, namespace, job, f"cannot verify now: {e!r}", peer, exc_info=True)
+            return _error(503, f"cannot verify now: {type(e).__name__}", {"Retry-After": "5"})
+        if report is None:
+            self._refusals.refused(status, namespace, job, message, peer)
+            return _error(status, message, {"Retry-After": "5"} if status == 503 else None)
+        try:
+            self._on_report(namespace, job, report)
+        except Exception as e:
+            self._refusals.refused(500, namespace, job, f"handling the report of pod {report.pod} failed: {e!r}", peer,
+                                   exc_info=True)
+            return _error(500, "the operator could not take the report")
+        if interval == DEFAULT_POST_INTERVAL_SECONDS:
+            return web.Response(status=204)
+        return web.json_response({"intervalSeconds": interval})
+
+    def _check(
+        self, token: str | None, namespace: str, job: str, content_type: str, body: bytes
+    ) -> tuple[int, str, PodReport | None, int]:
+        """On a worker thread (or the loop, see `lookups_block`): (status, message, the report when
+        accepted, the interval to tell).
+        401 before 404 before 400 before 403: nothing about jobs or the body is said to a caller
+        that has not shown a valid token."""
+        verdict = self._verifier.authenticate(token)
+        if not verdict.ok or verdict.identity is None:
+            return verdict.status, verdict.reason, None, 0
+        if self._job_exists is not None and not self._job_exists(namespace, job):
+            return 404, f"no diffusionjob {namespace}/{job}", None, 0
+        if content_type != "application/json":
+            return 400, f"Content-Type must be application/json, not {content_type or 'none'}", None, 0
+        try:
+            report = parse_report(json.loads(body))
+        except (ValueError, UnicodeDecodeError) as e:  # ReportError and JSONDecodeError are ValueErrors
+            return 400, str(e) if isinstance(e, ReportError) else f"the body is not JSON: {e}", None, 0
+        verdict = self._verifier.authorize(verdict.identity, namespace, job, report.pod, report.index)
+        if not verdict.ok:
+            return verdict.status, verdict.reason, None, 0
+        interval = self._interval(namespace, job) if self._interval is not None else DEFAULT_POST_INTERVAL_SECONDS
+        return HTTPStatus.OK, "", report, interval
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self._ssl is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+
+def client_context(ca_pem: bytes) -> ssl.SSLContext:
+    """What a pod (or a test) trusts: exactly this CA."""
+    return ssl.create_default_context(cadata=ca_pem.decode())

@@ -1,0 +1,152 @@
+"""Dataset-scale jobs under real torchrun (CPU, gloo): rows from files, claimed work, items that
+fail on their own, WebDataset shards that are never partial, and `muralist run` on a data set."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+from muralist_runtime import shards
+from muralist_runtime.spec import contract
+
+from .conftest import Run, make_job, runtime_spec_json, torchrun
+
+pytestmark = pytest.mark.torchrun
+
+ROWS = [
+    {"id": "sku-0", "prompt": "a red fox", "seed": 3},
+    {"id": "sku-1", "prompt": "a lighthouse in a storm"},
+    {"id": "sku-2", "prompt": "a blue bird", "seed": "not a number"},  # a bad row: fails alone
+    {"id": "sku-3", "prompt": "a castle on a mountain"},
+    {"id": "sku-4", "prompt": ""},  # a bad row: no prompt
+    {"id": "sku-5", "prompt": "a boat on the sea", "seed": 11},
+    {"id": "sku-6", "prompt": "a portrait of an owl"},  # its output is made NaN (knob)
+    {"id": "sku-7", "prompt": "a mural on a street wall"},
+]
+BAD = {"00002-000": "seed", "00004-000": "prompt", "00006-000": "NaN"}
+NAN = {contract.MURALIST_TEST_NAN_ROWS: "6"}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    (root / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return root
+
+
+def dataset_job(dataset: Path, processes: int = 1, nodes: int = 1, **fields) -> dict:
+    job = make_job().processes(processes, nodes=nodes).obj()
+    job.pop("prompts")
+    job["dataset"] = {"volume": {"hostPath": {"path": str(dataset)}}, "path": "rows.jsonl",
+                      "columns": {"prompt": "prompt", "seed": "seed", "id": "id"}}
+    job.update(fields)
+    return job
+
+
+def spec_json(job: dict, out: Path, dataset: Path) -> str:
+    doc = json.loads(runtime_spec_json(job, out))
+    doc["datasetDir"] = str(dataset)
+    return json.dumps(doc)
+
+
+def check_failed_and_named(run: Run) -> None:
+    manifest = run.manifest()
+    assert [m["key"] for m in manifest] == [f"{i:05d}-000" for i in range(len(ROWS))], "every item once, in order"
+    failed = {m["key"]: m["error"] for m in manifest if m["status"] == "failed"}
+    assert set(failed) == set(BAD)
+    for key, word in BAD.items():
+        assert word in failed[key], failed[key]
+    assert {m["id"] for m in manifest} == {r["id"] for r in ROWS}
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory, runtime_env, tiny_model, dataset: Path) -> Run:
+    out = tmp_path_factory.mktemp("ds1") / "out"
+    run = torchrun(spec_json(dataset_job(dataset), out, dataset), out, runtime_env, 1, extra_env=NAN)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_bad_rows_fail_alone_and_are_named(one_rank: Run) -> None:
+    check_failed_and_named(one_rank)
+    assert len(one_rank.images()) == len(ROWS) - len(BAD)
+    job = json.loads((one_rank.output / "job.json").read_text())
+    assert job["items"] == {"rendered": len(ROWS) - len(BAD), "failed": len(BAD)}
+
+
+def test_two_ranks_render_the_same_data_set_byte_for_byte(tmp_path: Path, runtime_env, dataset: Path,
+                                                            one_rank: Run) -> None:
+    out = tmp_path / "ds2"
+    run = torchrun(spec_json(dataset_job(dataset, processes=2), out, dataset), out, runtime_env, 2, extra_env=NAN)
+    assert run.returncode == 0, run.stderr[-3000:]
+    check_failed_and_named(run)
+    assert run.images() == one_rank.images(), "the same pixels, whichever rank claimed which chunk"
+
+
+def test_more_failures_than_allowed_fail_the_job_and_name_them(tmp_path: Path, runtime_env, dataset: Path) -> None:
+    out = tmp_path / "strict"
+    job = dataset_job(dataset)
+    job["runPolicy"] = {"maxFailedItems": 0}
+    run = torchrun(spec_json(job, out, dataset), out, runtime_env, 1, extra_env=NAN)
+    assert run.returncode == contract.PERMANENT_FAILURE_EXIT_CODE
+    assert run.termination["permanent"] is True
+    message = run.termination["message"]
+    assert message.startswith("spec.runPolicy.maxFailedItems: 1 items failed, more than the 0 allowed"), message
+    assert "00002-000 (sku-2)" in message and "seed" in message
+
+
+def test_webdataset_shards_are_never_partial_and_read_back(tmp_path: Path, runtime_env, dataset: Path) -> None:
+    out = tmp_path / "wds"
+    job = dataset_job(dataset, processes=2, output={"layout": "webdataset", "shardSize": 3})
+    spec = spec_json(job, out, dataset)
+    # Rank 0 dies after writing its first image, and its pod with it: its shard stays a temp file.
+    first = torchrun(spec, out, runtime_env, 2, extra_env={**NAN, contract.MURALIST_TEST_EXIT_AFTER: "1",
+                                                             contract.MURALIST_TEST_EXIT_RANK: "-1"})
+    assert first.returncode != 0
+    for shard in (out / "shards").glob("*.tar"):
+        with tarfile.open(shard) as tar:  # whatever is there under a shard's name is whole
+            assert len(tar.getnames()) % 2 == 0
+    retry = torchrun(spec, out, runtime_env, 2, extra_env=NAN)
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    assert sorted(p.name for p in (out / "shards").iterdir()) == [f"shard-{i:06d}.tar" for i in range(3)]
+    members = {key: parts for path in sorted((out / "shards").glob("*.tar")) for key, parts in shards.read_shard(path)}
+    index = shards.read_index(out / "index.parquet")
+    assert [r["key"] for r in index] == [f"{i:05d}-000" for i in range(len(ROWS))]
+    rendered = {r["key"] for r in index if r["status"] != "failed"}
+    assert set(members) == rendered and all(set(parts) == {"png", "json"} for parts in members.values())
+    assert {r["key"]: r["shard"] for r in index if r["key"] in rendered} == {
+        k: int(k[:5]) // 3 for k in rendered}, "shard = chunk of 3 rows"
+    wds = pytest.importorskip("webdataset")
+    samples = list(wds.WebDataset([str(p) for p in sorted((out / "shards").glob("*.tar"))], shardshuffle=False))
+    assert sorted(s["__key__"] for s in samples) == sorted(rendered)
+
+
+def test_muralist_run_renders_a_parquet_data_set(tmp_path: Path, runtime_env, dataset: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"caption": f"a red fox number {i}"} for i in range(6)]),
+                   data / "rows.parquet", row_group_size=4)
+    manifest = tmp_path / "job.yaml"
+    spec = make_job().processes(2).obj()
+    spec.pop("prompts")
+    spec["dataset"] = {"volume": {"persistentVolumeClaim": {"claimName": "data"}}, "path": "rows.parquet",
+                       "columns": {"prompt": "caption"}, "start": 1, "end": 5}
+    manifest.write_text(yaml.safe_dump({"apiVersion": "muralist.dev/v1alpha1", "kind": "DiffusionJob",
+                                        "metadata": {"name": "pq"}, "spec": spec}))
+    out = tmp_path / "out"
+    cli = [sys.executable, "-m", "muralist_cli", "run", str(manifest), "--output", str(out)]
+    refused = subprocess.run(cli, env=runtime_env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "--dataset-dir" in refused.stderr, "a PVC cannot be mounted here"
+    proc = subprocess.run([*cli, "--dataset-dir", str(data)], env=runtime_env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [(m["key"], m["prompt"]) for m in lines] == [(f"{i:05d}-000", f"a red fox number {i}") for i in range(1, 5)]
