@@ -387,9 +387,11 @@ def rank_step_callback(ctx: Context, total: int) -> Callable[[], None]:
 
 
 def pil_arrays(images: list[Any]) -> list[Any]:
+    """float64 pixels of PIL images (a plain pipeline call) or outputs.Output (render_checked)."""
     import numpy as np
 
-    return [None if im is None else np.asarray(im, dtype=np.float64) for im in images]
+    return [None if im is None else np.asarray(im.pixels() if hasattr(im, "pixels") else im, dtype=np.float64)
+            for im in images]
 
 
 def psnr8(a: Any, b: Any) -> float:

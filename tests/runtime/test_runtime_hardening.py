@@ -33,14 +33,16 @@ def test_step_callback_fires_once_per_step(tiny_model: Path) -> None:
 def test_a_hung_rank_fails_its_pod_and_the_retry_finishes(tmp_path: Path, runtime_env, tiny_model) -> None:
     # Rank 1 blocks forever after its first image, holding its chunk. The pod ends (retryable)
     # once rank 1 has been silent for collectiveTimeoutSeconds, instead of hanging; its retry
-    # renders only what is missing.
+    # renders only what is missing. Rank 0 is slowed (2 s a step) so that it cannot claim all
+    # three items before rank 1 has loaded: work is claimed, not dealt.
     out = tmp_path / "hang"
     job = make_job().processes(2).obj()
     job["parallelism"]["collectiveTimeoutSeconds"] = 10
     spec = runtime_spec_json(job, out)
     start = time.monotonic()
     run = torchrun(spec, out, runtime_env, 2, timeout=180,
-                   extra_env={contract.MURALIST_TEST_HANG_AFTER: "1", contract.MURALIST_TEST_HANG_RANK: "1"})
+                   extra_env={contract.MURALIST_TEST_HANG_AFTER: "1", contract.MURALIST_TEST_HANG_RANK: "1",
+                              contract.MURALIST_TEST_STEP_SLEEP: "2", contract.MURALIST_TEST_SLOW_RANK: "0"})
     elapsed = time.monotonic() - start
     assert run.returncode != 0
     assert "rank 1 blocks forever" in run.stderr
