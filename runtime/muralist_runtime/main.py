@@ -240,9 +240,10 @@ def load(job: Job, state: RunState) -> Any:
 
 
 def compile_and_warm_up(pipe: Any, job: Job, state: RunState) -> None:
-    """generation.compile: regional compile, then one call at the job's resolution.
+    """generation.compile: regional compile, then one call at the job's resolution and batch.
 
-    The warm-up pays the compilation before generateSeconds starts. On CPU the option is
+    The warm-up pays the compilation before generateSeconds starts (at the batch size the job
+    renders: a batch of another size would compile again at the first real call). On CPU the option is
     accepted and ignored (inductor's CPU codegen needs a compiler toolchain the runtime image
     need not have, and CPU runs are tests and demos).
     """
@@ -253,7 +254,8 @@ def compile_and_warm_up(pipe: Any, job: Job, state: RunState) -> None:
         return
     start = time.perf_counter()
     what = pipeline.compile_transformer(pipe, state.world.layout.group_size > 1)
-    pipeline.render(pipe, job.runtime, [job.first], steps=min(2, job.runtime.spec.generation.steps))
+    batch = [job.first] * job.runtime.spec.generation.batch_size
+    pipeline.render(pipe, job.runtime, batch, steps=min(2, job.runtime.spec.generation.steps))
     state.timings["compileSeconds"] = time.perf_counter() - start
     log.info("compiled %s and warmed up in %.1fs", what, state.timings["compileSeconds"])
 
