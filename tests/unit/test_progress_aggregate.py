@@ -228,6 +228,27 @@ def test_oldest_progress_time_skips_finished_indexes() -> None:
     assert snap.ranks == 32
 
 
+def test_an_index_view_follows_every_post_and_stale_posts_leave_it() -> None:
+    # Views are kept between snapshots; each accepted post must show in the next one.
+    clock = Clock()
+    agg = Aggregator(clock=clock)
+    agg.record(JOB, report(index=0, completed=1, step=5))
+    agg.record(JOB, report(index=1, completed=1, step=5))
+    first = agg.snapshot(JOB)
+    clock.now += 4
+    agg.record(JOB, report(index=0, completed=3, step=9))
+    agg.record(JOB, report(index=1, attempt=1, pod="cats-1-1b", completed=0, step=9))  # a retried pod
+    second = agg.snapshot(JOB)
+    assert first is not None and second is not None
+    assert (first.indexes[0].done, first.indexes[0].last_post) == (1, 1000.0)
+    assert (second.indexes[0].done, second.indexes[0].last_post) == (3, 1004.0)
+    assert second.indexes[0].progress_time == T0 + timedelta(seconds=9)
+    assert (second.indexes[1].pod, second.indexes[1].attempt, second.indexes[1].done) == ("cats-1-1b", 1, 1)
+    clock.now += 4
+    assert not agg.record(JOB, report(index=1, attempt=0, completed=9))  # stale: nothing changes
+    assert agg.snapshot(JOB).indexes[1] == second.indexes[1]  # type: ignore[union-attr]
+
+
 def test_counts_alone_never_say_an_index_is_finished() -> None:
     # `total` is the job's: a pod with as many images as the whole job's total is not
     # thereby done (another index may have claimed none), only its `done` or `final` says so.

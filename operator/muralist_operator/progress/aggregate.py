@@ -96,15 +96,20 @@ class _Slot:
     received: float
     floor: int = 0
     retired: set[str] = field(default_factory=set)
+    # Kept until the next post of this index: a snapshot a second of 1,024 indexes then
+    # rebuilds only the quarter that posted since (it was a tenth of the endpoint's CPU).
+    _view: IndexProgress | None = None
 
     @property
     def done(self) -> int:
         return max(self.floor, self.report.done)
 
     def view(self) -> IndexProgress:
-        r = self.report
-        return IndexProgress(r.index, r.pod, r.attempt, self.done, r.failed, r.total, r.progress_time,
-                             self.received, r.final, r.finished)
+        if self._view is None:
+            r = self.report
+            self._view = IndexProgress(r.index, r.pod, r.attempt, self.done, r.failed, r.total, r.progress_time,
+                                       self.received, r.final, r.finished)
+        return self._view
 
 
 @dataclass
@@ -196,6 +201,7 @@ class Aggregator:
                 slot.report = _merge(old, report)
                 rendered = slot.report.completed - old.completed
             slot.received = now
+            slot._view = None
             if rendered > 0:
                 self._add_rendered(state, rendered, now)
             if (slot.done, slot.report.failed, slot.report.total, slot.report.final) != before:
