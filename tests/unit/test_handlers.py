@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from muralist_operator import handlers
+from muralist_operator import reconciler as reconciler_module
 from muralist_operator.decision import CreateJob, Decision
 from muralist_operator.observe import PodView
 from muralist_operator.progress.aggregate import Aggregator
@@ -25,7 +26,7 @@ def test_a_render_failure_becomes_a_permanent_reason(monkeypatch: pytest.MonkeyP
     def broken(*_args: object, **_kwargs: object) -> None:
         raise KeyError("volumes")
 
-    monkeypatch.setattr(handlers, "render_children", broken)
+    monkeypatch.setattr(reconciler_module, "render_children", broken)
     reconciler = handlers.Reconciler(kube=None, settings=OperatorSettings())  # type: ignore[arg-type]
     decision = Decision(DiffusionJobStatus(), actions=[CreateJob(None)])
     with pytest.raises(handlers.RenderFailure, match="cannot build this job's pods: 'volumes'"):

@@ -1,0 +1,367 @@
+"""The Reconciler: observe, decide (lifecycle.decide), write status once, act, then post events.
+
+Every trigger (handlers.py: kopf's watches and indexes) runs the same level-based
+`Reconciler.reconcile`: the DiffusionJob changing, one of its Jobs or pods changing (watched
+with label selectors, so the API server sends only ours), a pod's pushed progress that changed
+the counts (throttled per job by the aggregator), or the clock for deadlines, stall detection
+and TTL. Children are read from kopf's in-memory indexes, and the job itself from the latest
+body its watch or our own status write returned (only the operator writes status, so that one
+is current): a reconcile costs no read, and the watch event that echoes our own status write
+costs nothing. Every minute each job is read again (in case an event was missed).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from muralist_runtime.spec.api import DiffusionJob
+from muralist_runtime.spec.problems import ValidationProblem, parse_job
+from muralist_runtime.spec.status import TERMINAL_PHASES, DiffusionJobStatus
+from pydantic import ValidationError
+
+from muralist_operator import metrics
+from muralist_operator.decision import (
+    REASON_INVALID_SPEC,
+    REASON_RENDER_FAILED,
+    CreateJob,
+    Decision,
+    DeleteJob,
+    DeleteSelf,
+    SetJobSuspend,
+    StopPod,
+    decide_failed,
+)
+from muralist_operator.kube import Kube
+from muralist_operator.lifecycle import decide
+from muralist_operator.observe import Observed, PodView
+from muralist_operator.progress.aggregate import Aggregator
+from muralist_operator.progress.auth import PodInfo
+from muralist_operator.progress.report import PodReport
+from muralist_operator.render import Children, OperatorSettings, render_children
+
+log = logging.getLogger("muralist.operator")
+Key = tuple[str, str]
+CLOCK_SECONDS = 2.0
+RESYNC_SECONDS = 60.0
+CREATE_GRACE_SECONDS = 10.0
+INDEXES = ("muralist_jobs", "muralist_pods", "muralist_pod_info", "muralist_diffusionjobs")
+
+
+class RenderFailure(Exception):
+    """The children of a valid job could not be rendered (a bug, or a limit only render sees)."""
+
+
+def _newer(rv: str | None, than: str | None) -> bool:
+    """resourceVersions are opaque, but etcd's are increasing integers; anything else counts as newer."""
+    try:
+        return than is None or int(rv or 0) > int(than)
+    except ValueError:
+        return True
+
+
+def _besides_progress(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k != "progress"}
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: OperatorSettings, aggregator: Aggregator | None = None,
+                 is_active: Callable[[], bool] = lambda: True):
+        self.kube = kube
+        self.settings = settings
+        self.aggregator = aggregator or Aggregator()
+        self.is_active = is_active
+        self._locks: dict[Key, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self.indexes: dict[str, Any] = {}
+        self.listed = False
+        # The latest known body of each DiffusionJob (from its watch, or our own status write),
+        # and how many triggers wait for each job's lock.
+        self.bodies: dict[Key, dict[str, Any]] = {}
+        self._waiting: dict[Key, int] = {}
+        # Every DiffusionJob seen (resynced now and then, in case an event was missed), and
+        # those that need the clock: a deadline, a stall timeout or a TTL.
+        self.known: set[Key] = set()
+        self.clocked: set[Key] = set()
+        # When we last created a job's children: the index may not show the Job for a moment,
+        # and the burst of events right after a creation should not create it again.
+        self.created: dict[Key, float] = {}
+        self.wake = threading.Event()
+        # Things the clock thread does besides reconciling (TLS renewal, peering checks).
+        self.chores: list[Callable[[], None]] = []
+
+    def _lock(self, key: Key) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def remember_indexes(self, kwargs: dict[str, Any], listed: bool = True) -> None:
+        """kopf hands its indexes to every handler. It runs the first resource handler only once
+        every index is filled from its first listing: from then on `listed` holds."""
+        for name in INDEXES:
+            if name in kwargs:
+                self.indexes[name] = kwargs[name]
+        self.listed = self.listed or listed
+
+    def _values(self, index: str, key: Any) -> list[Any]:
+        store = self.indexes.get(index)
+        if store is None:
+            return []
+        for _ in range(3):  # kopf changes its indexes on its own thread
+            try:
+                return list(store.get(key, ())) if key in store else []
+            except RuntimeError:
+                continue
+        return []
+
+    # -- what the progress endpoint asks (on its own thread: memory only, never blocking) --------
+
+    def job_exists(self, namespace: str, name: str) -> bool:
+        return bool(self._values("muralist_diffusionjobs", (namespace, name))) or (namespace, name) in self.known
+
+    def pod_lookup(self, namespace: str, name: str) -> PodInfo | None:
+        found = self._values("muralist_pod_info", (namespace, name))
+        return found[0] if found else None
+
+    def on_report(self, namespace: str, job: str, report: PodReport) -> None:
+        """A pod's post: into the aggregator; wake the clock only when the job has become due."""
+        key = (namespace, job)
+        before = self.aggregator.next_due(key)
+        self.aggregator.record(key, report)
+        if before is None and self.aggregator.next_due(key) is not None:
+            self.wake.set()
+
+    # -- one reconcile -----------------------------------------------------------------------
+
+    def observe(self, key: Key, job: DiffusionJob | None = None) -> Observed:
+        jobs = self._values("muralist_jobs", key)
+        pods: list[PodView] = self._values("muralist_pods", key)
+        if job is not None:
+            self.aggregator.set_total(key, job.total_images)
+        for pod in pods:
+            if pod.terminal and pod.counts is not None and pod.index >= 0:
+                # The termination message is the source of truth for a finished pod's counts,
+                # whether or not its posts reached us.
+                c = pod.counts
+                self.aggregator.record(key, PodReport(
+                    pod=pod.name, index=pod.index, attempt=pod.failure_count, ranks=1, completed=c.completed,
+                    skipped=c.skipped, failed=c.failed, total=c.total, last_step_time=None, last_image_time=None,
+                    sent_at=datetime.now(UTC), final=True), now=None)
+        return Observed(job=jobs[0] if jobs else None, pods=pods, progress=self.aggregator.snapshot(key))
+
+    def seen(self, key: Key, body: dict[str, Any]) -> bool:
+        """A DiffusionJob from its watch: kept as the latest known. False when it is the echo of
+        our own status write (nothing new to decide from)."""
+        rv = (body.get("metadata") or {}).get("resourceVersion")
+        with self._locks_guard:
+            cached = self.bodies.get(key)
+            known = (cached.get("metadata") or {}).get("resourceVersion") if cached else None
+            if rv is not None and rv == known:
+                return False
+            if cached is None or _newer(rv, known):
+                self.bodies[key] = body
+        return True
+
+    def _remember_body(self, key: Key, body: dict[str, Any] | None) -> None:
+        with self._locks_guard:
+            if body is None:
+                self.bodies.pop(key, None)
+                return
+            cached = self.bodies.get(key)
+            known = (cached.get("metadata") or {}).get("resourceVersion") if cached else None
+            if cached is None or _newer((body.get("metadata") or {}).get("resourceVersion"), known):
+                self.bodies[key] = body
+
+    def reconcile(self, namespace: str, name: str, fresh: bool = False) -> None:
+        """Reconcile from the latest known DiffusionJob (its watch events and our own status
+        writes keep it current: only we write status), or GET it when unknown or `fresh`.
+        A trigger that finds another one already waiting for this job returns at once: the
+        waiting one reads everything after it gets its turn."""
+        key = (namespace, name)
+        with self._locks_guard:
+            if self._waiting.get(key) and not fresh:
+                return
+            self._waiting[key] = self._waiting.get(key, 0) + 1
+        lock = self._lock(key)
+        with lock, metrics.RECONCILE_SECONDS.time():
+            with self._locks_guard:
+                self._waiting[key] = self._waiting.get(key, 1) - 1
+                body = None if fresh else self.bodies.get(key)
+            if body is None:
+                body = self.kube.get_diffusion_job(namespace, name)
+                if body is None:
+                    self.forget(key)
+                    return
+                self._remember_body(key, body)
+            self._reconcile(key, body)
+
+    def forget(self, key: Key) -> None:
+        self.known.discard(key)
+        self.clocked.discard(key)
+        self.created.pop(key, None)
+        self.aggregator.forget(key)
+        metrics.forget(key)
+        with self._locks_guard:
+            self._locks.pop(key, None)
+            self.bodies.pop(key, None)
+            self._waiting.pop(key, None)
+
+    def _reconcile(self, key: Key, body: dict[str, Any]) -> None:
+        now = datetime.now(UTC)
+        self.known.add(key)
+        raw_status = body.get("status") or {}
+        try:
+            status = DiffusionJobStatus.model_validate(raw_status)
+        except ValidationError:
+            status = DiffusionJobStatus()
+        generation = body["metadata"].get("generation")
+        manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+        job: DiffusionJob | None = None
+        children: Children | None = None
+        try:
+            job = parse_job(manifest)
+            decision = decide(job, status, generation, self.observe(key, job), now)
+            children = self._render(job, key, decision)
+        except ValidationProblem as e:
+            job, decision = None, decide_failed(status, generation, REASON_INVALID_SPEC, "; ".join(e.problems), now)
+        except RenderFailure as e:
+            job, decision = None, decide_failed(status, generation, REASON_RENDER_FAILED, str(e), now)
+
+        # status.progress is written when the aggregator's throttle says so (the counts changed,
+        # at most once per write interval; the rate alone moves with time and is not worth a
+        # write), or together with any other change of the status.
+        # Children first (the Job is what everything waits for), then one status write, then
+        # the events, only once the status says what they announce.
+        suppressed = self._act(body, decision, children) if job is not None else set()
+        new_status = decision.status.wire()
+        due = self.aggregator.next_due(key) == 0
+        if new_status != raw_status and (due or _besides_progress(new_status) != _besides_progress(raw_status)):
+            try:
+                written = self.kube.patch_status(key[0], key[1], new_status)
+            except Exception:
+                self.aggregator.mark_dirty(key)
+                self._remember_body(key, None)  # read it again next time
+                raise
+            self._remember_body(key, written)
+            self.aggregator.written(key)
+        elif due:
+            self.aggregator.written(key)  # nothing to write: the counts are already there
+        for event in decision.events:
+            if event.reason in suppressed:
+                continue
+            self.kube.post_event(body, event.type, event.reason, event.message)
+        if decision.status.restarts > status.restarts:
+            reasons = [e.reason for e in decision.events if e.type == "Warning"] or ["Unknown"]
+            metrics.RESTARTS.labels(reason=reasons[0]).inc(decision.status.restarts - status.restarts)
+        self._track(key, job, decision)
+
+    def _render(self, job: DiffusionJob, key: Key, decision: Decision) -> Children | None:
+        """The children a CreateJob needs, rendered before the status is written: a job that
+        cannot be rendered fails with the reason instead of waiting for pods forever."""
+        create = next((a for a in decision.actions if isinstance(a, CreateJob)), None)
+        if create is None:
+            return None
+        try:
+            return render_children(job, key[0], self.settings, active_deadline_seconds=create.active_deadline_seconds)
+        except Exception as e:  # pure code: whatever it raises, retrying the same spec repeats it
+            log.exception("rendering %s/%s failed", *key)
+            raise RenderFailure(f"the operator cannot build this job's pods: {e}") from e
+
+    def _act(self, owner: dict[str, Any], decision: Decision, children: Children | None) -> set[str]:
+        """Carry out the actions; returns the event reasons that did not happen after all."""
+        ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+        suppressed: set[str] = set()
+        for action in decision.actions:
+            if isinstance(action, CreateJob):
+                if children is None or not self._create_children(owner, children):
+                    suppressed.add("JobCreated")
+            elif isinstance(action, DeleteJob):
+                log.info("deleting Job %s/%s: %s", ns, name, action.reason)
+                self.kube.delete_job(ns, name)
+            elif isinstance(action, SetJobSuspend):
+                self.kube.set_job_suspend(ns, name, action.suspend)
+            elif isinstance(action, StopPod):
+                log.info("deleting pod %s/%s: %s", ns, action.name, action.note)
+                self.kube.stop_pod(ns, action.name, action.uid, action.reason, action.note)
+            elif isinstance(action, DeleteSelf):
+                log.info("deleting DiffusionJob %s/%s: %s", ns, name, action.reason)
+                self.kube.delete_diffusion_job(ns, name)
+                self._remember_body((ns, name), None)
+        return suppressed
+
+    def _create_children(self, owner: dict[str, Any], children: Children) -> bool:
+        """True when this call created the Job (not a repeat while the index catches up)."""
+        key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
+        if time.monotonic() - self.created.get(key, -CREATE_GRACE_SECONDS) < CREATE_GRACE_SECONDS:
+            return False
+        self.created[key] = time.monotonic()
+        created_job = False
+        for child in children.all():
+            created = self.kube.create(child, owner)
+            created_job = created_job or (created and child["kind"] == "Job")
+        return created_job
+
+    def _track(self, key: Key, job: DiffusionJob | None, decision: Decision) -> None:
+        phase = decision.status.phase
+        metrics.observe_phase(key, str(phase))
+        if job is None:
+            self.clocked.discard(key)
+            return
+        policy = job.spec.run_policy
+        if phase in TERMINAL_PHASES:
+            needs_clock = policy.ttl_seconds_after_finished is not None
+        else:
+            needs_clock = bool(policy.active_deadline_seconds or policy.stall_timeout_seconds)
+        if needs_clock:
+            self.clocked.add(key)
+        else:
+            self.clocked.discard(key)
+
+    def safe_reconcile(self, namespace: str, name: str, fresh: bool = False) -> None:
+        try:
+            self.reconcile(namespace, name, fresh=fresh)
+        except Exception:  # the clock must keep ticking for every other job
+            log.exception("reconcile of %s/%s failed", namespace, name)
+
+    # -- the clock thread --------------------------------------------------------------------
+
+    def run_clock(self, stop: threading.Event) -> None:
+        """Deadlines, stall timeouts and TTLs are about time, not events: tick for those jobs;
+        write the progress of jobs whose counts changed, at most once per write interval each;
+        now and then resync every job in case an event was missed. Nothing while another
+        replica reconciles (kopf's peering pause)."""
+        last_tick = last_resync = time.monotonic()
+        while not stop.is_set():
+            self._chores()
+            self.wake.clear()  # before looking: a report from now on wakes the wait below
+            wait = CLOCK_SECONDS - (time.monotonic() - last_tick)
+            dues = [d for d in (self.aggregator.next_due(k) for k in self.aggregator.jobs()) if d is not None]
+            if dues:
+                wait = min(wait, min(dues))
+            if wait > 0:
+                self.wake.wait(wait)
+                if stop.is_set():
+                    return
+            if not self.listed or not self.is_active():
+                last_tick = time.monotonic()
+                continue  # kopf has not listed yet, or another replica reconciles
+            keys = {k for k in self.aggregator.jobs() if self.aggregator.next_due(k) == 0 and k in self.known}
+            if time.monotonic() - last_tick >= CLOCK_SECONDS:
+                keys |= self.clocked
+                last_tick = time.monotonic()
+            resync: set[Key] = set()
+            if time.monotonic() - last_resync > RESYNC_SECONDS:
+                resync = set(self.known)  # read again: in case an event was missed
+                last_resync = time.monotonic()
+            for namespace, name in sorted(keys | resync):
+                self.safe_reconcile(namespace, name, fresh=(namespace, name) in resync)
+
+    def _chores(self) -> None:
+        for chore in self.chores:
+            try:
+                chore()
+            except Exception:
+                log.exception("a periodic task of the operator failed")
