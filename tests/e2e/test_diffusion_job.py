@@ -87,6 +87,9 @@ def test_quickstart_renders_across_two_real_pods(
     real_cluster: RealCluster, real_dj: DJ, e2e_namespace: str, host_volume: Path
 ) -> None:
     job = quickstart_on_two_pods(e2e_namespace, host_volume)
+    # 24 steps, not 4: at 4 a pod can render its share between its first post and its last
+    # (3 s apart), and a rate needs two posts of a running pod to divide by.
+    job["spec"]["generation"]["steps"] = 24
     real_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
     seen: list[dict[str, Any]] = []
     try:
