@@ -138,11 +138,6 @@ def render_service(job: DiffusionJob, namespace: str, settings: OperatorSettings
     }
 
 
-def _ports(settings: OperatorSettings) -> list[tuple[str, int]]:
-    """torchrun's rendezvous (a group over several pods), and the work-claim store of pod 0."""
-    return [("rendezvous", settings.master_port), ("claims", contract.CLAIMS_PORT)]
-
-
 def runtime_spec(job: DiffusionJob, namespace: str) -> RuntimeSpec:
     # The job's spec was validated when it was parsed: not again (50,000 prompts, every reconcile).
     return RuntimeSpec.model_construct(

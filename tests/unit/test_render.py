@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,16 @@ def test_headless_service_resolves_not_ready_pods() -> None:
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"muralist.dev/job-name": "cats"}
     assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("rendezvous", 29500), ("claims", 29400)]
+
+
+def test_a_claims_port_of_the_operators_settings_is_the_one_pods_use_and_expose() -> None:
+    settings = dataclasses.replace(SETTINGS, claims_port=31400)
+    children = render_children(make_job("cats").world(nodes=2).job(), "ns", settings)
+    assert children.service is not None
+    assert dict((p["name"], p["port"]) for p in children.service["spec"]["ports"])["claims"] == 31400
+    container = children.job["spec"]["template"]["spec"]["containers"][0]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["claims"] == 31400
+    assert env_of(children.job)["MURALIST_CLAIMS_ADDR"] == "cats-0.cats:31400"
 
 
 def test_a_one_pod_job_has_nobody_to_meet() -> None:
