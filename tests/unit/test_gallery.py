@@ -14,6 +14,7 @@ from urllib.parse import unquote
 
 import pytest
 from muralist_runtime import gallery as gallerymod
+from muralist_runtime import gallery_cards
 from muralist_runtime.gallery import write_gallery
 
 
@@ -246,7 +247,7 @@ def test_failed_items_show_the_reason_and_no_output(tmp_path: Path) -> None:
     assert [a["src"] for a in parsed.all("img")] == ["images/00003-000.png"], "a failed item links no output"
     errors = [t for t in parsed.text if "CUDA" in t or "no reason" in t]
     assert errors[0] == "CUDA out of memory" and errors[1].endswith("RuntimeError: CUDA out of memory")
-    assert len(errors[1]) <= gallerymod.MAX_ERROR_CHARS + 1 and "no reason recorded" in parsed.text
+    assert len(errors[1]) <= gallery_cards.MAX_ERROR_CHARS + 1 and "no reason recorded" in parsed.text
     assert "shards/shard-000001.tar" in parsed.text
     assert "Page 1: items 1&ndash;5 (1 rendered, 1 skipped, 3 failed)" in (tmp_path / "index.html").read_text()
 
