@@ -128,13 +128,15 @@ class ClaimClient:
 
     `connect_timeout_s` bounds one connection attempt, `op_timeout_s` one claim's round trip
     (None: call `add` directly, ~20 µs faster, but a partition then hangs the claim), and
-    `give_up_after_s` a whole outage unless `retry_forever`.
+    `give_up_after_s` a whole outage unless `retry_forever`. `on_outage` is called after each
+    failed attempt and may raise to stop waiting (a pod that finds the job merged meanwhile:
+    the store's host has finished and left, and will not come back).
     """
 
     def __init__(self, host: str, port: int, namespace: str, connect_timeout_s: float = 10.0,
                  retry_forever: bool = True, *, give_up_after_s: float = 600.0, op_timeout_s: float | None = 30.0,
                  backoff_s: tuple[float, float] = (0.1, 5.0),
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, on_outage: Callable[[], None] | None = None):
         if not 0 < port < 65536:
             raise ValueError(f"claim store port {port} is not a TCP port")
         if not namespace or "/" in namespace:
@@ -146,6 +148,7 @@ class ClaimClient:
         self.give_up_after_s = give_up_after_s
         self.backoff_s = backoff_s
         self._sleep = sleep
+        self._on_outage = on_outage
         self._store: Any = None
         self._worker: _Worker | None = None
         self._lock = threading.Lock()
@@ -208,6 +211,8 @@ class ClaimClient:
                         raise ClaimStoreUnavailable(
                             f"claim store {self.host}:{self.port} unreachable for {now - outage_start:.0f} s: is the "
                             "first pod running, and its claim port open to this pod?") from e
+                    if self._on_outage is not None:
+                        self._on_outage()
                     self._sleep(delay)
                     delay = min(delay * 2, self.backoff_s[1])
                     continue

@@ -181,13 +181,22 @@ def set_up_world(job: Job, state: RunState) -> None:
     if layout.hosts_store:
         state.server = claims.ClaimServer(port)
         state.jobfile.write(layout.describe())
-    if not layout.hosts_store and state.jobfile.merged():
+    jobfile = state.jobfile
+    gone = f"the job was merged in {jobfile.root} and its first pod is gone"
+    if not layout.hosts_store and jobfile.merged():
         probe = claims.ClaimClient(host, port, work.NAMESPACE)
         if not probe.reachable(STORE_PROBE_SECONDS):
             # This pod was retried after the first pod merged the job and left: nothing is left.
-            raise NothingLeft(f"the job was merged in {state.jobfile.root} and its first pod is gone")
+            raise NothingLeft(gone)
+
+    def merged_meanwhile() -> None:
+        # A pod that starts (or loads) slower than the whole job takes: the first pod merged
+        # and left while this one waited for its store.
+        if not layout.hosts_store and jobfile.merged():
+            raise NothingLeft(gone)
+
     if layout.writes_images or layout.hosts_store:
-        state.claims = claims.ClaimClient(host, port, work.NAMESPACE)
+        state.claims = claims.ClaimClient(host, port, work.NAMESPACE, on_outage=merged_meanwhile)
     if layout.writes_images:
         state.layout = outputs.layout_for(job.runtime, layout.rank)
         state.layout.prepare()

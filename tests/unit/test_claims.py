@@ -165,6 +165,23 @@ def test_a_bounded_client_gives_up_with_a_useful_error() -> None:
     assert time.monotonic() - start < 15
 
 
+def test_an_outage_hook_may_stop_the_waiting() -> None:
+    class Finished(Exception):
+        pass
+
+    calls = []
+
+    def finished() -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise Finished
+
+    client = ClaimClient(HOST, free_port(), "nobody", connect_timeout_s=0.2, sleep=lambda s: None, on_outage=finished)
+    with pytest.raises(Finished):  # retry_forever would otherwise wait for good
+        client.next_chunk()
+    assert len(calls) == 3
+
+
 class BlackholeProxy:
     """Forwards TCP to a port; while `blackhole` is set it swallows bytes and closes nothing:
     a network partition as the client sees it (no RST, no FIN)."""
