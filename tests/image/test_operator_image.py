@@ -54,7 +54,7 @@ def test_has_no_torch(docker: Docker, operator_image: str) -> None:
 
 
 def test_the_progress_endpoint_and_its_certificates_load(docker: Docker, operator_image: str) -> None:
-    # aiohttp (the HTTPS server) and cryptography (the self-managed CA) are in the image.
-    code = ("from muralist_operator.progress.tls import issue, new_ca; import muralist_operator.main; "
+    # httptools (the endpoint's HTTP parser) and cryptography (the self-managed CA) are in the image.
+    code = ("from muralist_operator.progress.tls import issue, new_ca; import muralist_operator.main, httptools; "
             "ca, key = new_ca(); print(issue(['muralist-progress'], ca, key).cert_pem[:27].decode())")
     assert run(docker, operator_image, "-c", code, entrypoint="python3").strip() == "-----BEGIN CERTIFICATE-----"

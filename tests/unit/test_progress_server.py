@@ -79,7 +79,7 @@ class Harness:
         self.server = ProgressServer(
             StubVerifier(), self.on_report, TLS, host="127.0.0.1", port=0, is_active=lambda: self.active,
             job_exists=lambda ns, job: job in ("cats", "dogs"), interval=lambda ns, job: self.interval,
-            max_body=2048, lookups_block=lookups_block,
+            max_body=2048, lookups_block=lookups_block, coalesce=0.005,  # the default 50 ms, shorter
         )
 
     def on_report(self, namespace: str, job: str, report: PodReport) -> None:
@@ -128,9 +128,9 @@ def test_accepted_report_reaches_the_callback(harness: Harness) -> None:
 
 
 def test_backpressure_says_the_interval(harness: Harness) -> None:
-    harness.interval = 6
+    harness.interval = 6.5
     status, payload, _ = harness.post()
-    assert (status, payload) == (200, {"intervalSeconds": 6})
+    assert (status, payload) == (200, {"intervalSeconds": 6.5})
     assert len(harness.reports) == 1
 
 

@@ -6,7 +6,8 @@ TokenReview; the pod lookup) runs on a small thread pool, so the loop only parse
 
     POST /v1/namespaces/{namespace}/diffusionjobs/{job}/progress
       204  accepted: keep posting at the default interval (report.DEFAULT_POST_INTERVAL_SECONDS)
-      200  accepted, {"intervalSeconds": N}: post every N seconds from now on (backpressure)
+      200  accepted, {"intervalSeconds": N}: post every N seconds from now on (backpressure; N
+           is a multiple of 0.5)
       400  malformed body: {"error": "..."} names the field
       401  no token, a refused token, another audience, or the token's pod is gone
       403  a valid token of a pod that is not that job's pod (or not the pod the body names)
@@ -30,15 +31,13 @@ import socket
 import ssl
 import threading
 import time
-import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Any, Protocol
 
-from aiohttp import web
-
+from muralist_operator.progress import http1
 from muralist_operator.progress.auth import Identity, Verdict
 from muralist_operator.progress.report import DEFAULT_POST_INTERVAL_SECONDS, PodReport, ReportError, parse_report
 from muralist_operator.progress.tls import TlsMaterial, server_context
@@ -102,8 +101,12 @@ def _bearer(header: str | None) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
+def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> http1.Reply:
+    return http1.Reply(status, json.dumps({"error": message}).encode(), "application/json", headers)
+
+
+_NO_CONTENT = http1.Reply(204)
+_RETRY = (("Retry-After", "5"),)
 
 
 class ProgressServer:
@@ -117,12 +120,13 @@ class ProgressServer:
         port: int = 8443,
         is_active: Callable[[], bool] = lambda: True,
         job_exists: Callable[[str, str], bool] | None = None,
-        interval: Callable[[str, str], int] | None = None,
+        interval: Callable[[str, str], float] | None = None,
         max_body: int = MAX_BODY_BYTES,
         keepalive_timeout: float = KEEPALIVE_SECONDS,
         workers: int = 4,
         refusals: RefusalLog | None = None,
         lookups_block: bool = True,
+        coalesce: float = http1.COALESCE_SECONDS,
     ) -> None:
         """`tls=None` serves plain HTTP (behind a mesh that terminates TLS; tests). `on_report`
         runs on the server's loop thread: keep it quick and thread-safe (the aggregator's
@@ -133,7 +137,8 @@ class ProgressServer:
         over the API) blocks. `lookups_block=False` says that the pod lookup, `job_exists` and
         `interval` only read memory (the operator's kopf indexes): a post whose token is cached
         is then checked on the loop itself, which saves the thread hop (~20 % of the server's
-        CPU at 350 posts/s, benchmarks/progress_load.py)."""
+        CPU at 350 posts/s, benchmarks/progress_load.py). `coalesce`: how long the loop lingers
+        after a wake-up to serve more posts with it (see http1; 0: not at all)."""
         self._verifier = verifier
         self._on_report = on_report
         self._ssl = server_context(tls) if tls is not None else None
@@ -146,16 +151,16 @@ class ProgressServer:
         self._workers = workers
         self._refusals = refusals or RefusalLog()
         self._lookups_block = lookups_block
+        self._coalesce = coalesce
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._http: http1.Connections | None = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
-        # What the operator's metrics can export: responses by status, and connections seen.
+        # What the operator's metrics can export: responses by status (and `connections_seen`).
         self.responses: Counter[int] = Counter()
-        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.connections_seen = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -196,11 +201,12 @@ class ProgressServer:
         server_context(material, self._ssl)
 
     def _run(self, sock: socket.socket) -> None:
-        loop = asyncio.new_event_loop()
+        loop = http1.new_event_loop(self._coalesce)
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:
-            loop.run_until_complete(self._serve(sock))
+            self._server, self._http = loop.run_until_complete(
+                http1.serve(self._route, sock, self._ssl, self._max_body, self._keepalive))
         except BaseException as e:  # reported by start()
             self._start_error = e
             self._started.set()
@@ -211,77 +217,92 @@ class ProgressServer:
         try:
             loop.run_forever()
         finally:
-            assert self._runner is not None
-            loop.run_until_complete(self._runner.cleanup())
+            self._server.close()
+            self._http.close_all()
+            loop.run_until_complete(self._server.wait_closed())
+            loop.run_until_complete(asyncio.sleep(0))  # let the transports finish closing
             loop.close()
-
-    async def _serve(self, sock: socket.socket) -> None:
-        app = web.Application(client_max_size=self._max_body)
-        app.router.add_post(PATH, self._progress)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/healthz", self._healthz)
-        # No access log: 300 posts a second would drown everything else; refusals are logged.
-        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=self._keepalive, shutdown_timeout=2.0)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock, ssl_context=self._ssl, backlog=1024).start()
 
     # -- handlers ----------------------------------------------------------------------------
 
-    async def _readyz(self, request: web.Request) -> web.Response:
-        if self._is_active():
-            return web.Response(text="active\n")
-        return web.Response(status=503, text="standby: another replica reconciles\n")
+    def _route(self, request: http1.Request) -> http1.Reply | Awaitable[http1.Reply]:
+        if request.path in ("/readyz", "/healthz"):
+            if request.method not in ("GET", "HEAD"):
+                return _error(405, "use GET", (("Allow", "GET, HEAD"),))
+            if request.path == "/healthz":
+                return http1.Reply(200, b"ok\n", "text/plain")
+            if self._is_active():
+                return http1.Reply(200, b"active\n", "text/plain")
+            return http1.Reply(503, b"standby: another replica reconciles\n", "text/plain")
+        parts = request.path.split("/")
+        # ['', 'v1', 'namespaces', namespace, 'diffusionjobs', job, 'progress']
+        if (len(parts) != 7 or parts[1:3] != ["v1", "namespaces"] or parts[4] != "diffusionjobs"
+                or parts[6] != "progress" or not parts[3] or not parts[5]):
+            return _error(404, f"no such route: {request.path}; pods post to {PATH}")
+        if request.method != "POST":
+            return _error(405, "use POST", (("Allow", "POST"),))
+        return self._progress(request, parts[3], parts[5])
 
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def _progress(self, request: web.Request) -> web.StreamResponse:
-        transport = request.transport
-        if transport is not None and transport not in self._connections:
-            self._connections.add(transport)
-            self.connections_seen += 1
-        namespace, job = request.match_info["namespace"], request.match_info["job"]
-        response = await self._answer(request, namespace, job)
-        self.responses[response.status] += 1
-        return response
-
-    async def _answer(self, request: web.Request, namespace: str, job: str) -> web.Response:
-        peer = request.remote or "?"
+    def _progress(self, request: http1.Request, namespace: str, job: str) -> http1.Reply | Awaitable[http1.Reply]:
+        peer = request.peer
         if not self._is_active():
-            self._refusals.refused(503, namespace, job, "not the active replica", peer)
-            return _error(503, "not the active replica", {"Retry-After": "5"})
+            return self._refused(503, namespace, job, "not the active replica", peer)
+        if request.too_large:
+            return self._refused(413, namespace, job, "body too large", peer,
+                                 message=f"the body must be at most {self._max_body} bytes")
+        token = _bearer(request.headers.get("authorization"))
+        check = (token, namespace, job, request.content_type, request.body)
+        if not self._lookups_block and self._verifier.cached(token):
+            try:
+                outcome = self._check(*check)
+            except Exception as e:
+                return self._cannot_verify(e, namespace, job, peer)
+            return self._answer(outcome, namespace, job, peer)
+        return self._answer_later(check, namespace, job, peer)
+
+    async def _answer_later(self, check: tuple[Any, ...], namespace: str, job: str, peer: str) -> http1.Reply:
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            self._refusals.refused(413, namespace, job, "body too large", peer)
-            return _error(413, f"the body must be at most {self._max_body} bytes")
-        token = _bearer(request.headers.get("Authorization"))
-        check = (token, namespace, job, request.content_type, body)
-        try:
-            if not self._lookups_block and self._verifier.cached(token):
-                status, message, report, interval = self._check(*check)
-            else:
-                loop = asyncio.get_running_loop()
-                status, message, report, interval = await loop.run_in_executor(self._pool, self._check, *check)
-        except Exception as e:  # a pod lookup or the API server failing: the pod retries later
-            self._refusals.refused(503, namespace, job, f"cannot verify now: {e!r}", peer, exc_info=True)
-            return _error(503, f"cannot verify now: {type(e).__name__}", {"Retry-After": "5"})
+            outcome = await asyncio.get_running_loop().run_in_executor(self._pool, self._check, *check)
+        except Exception as e:
+            return self._cannot_verify(e, namespace, job, peer)
+        return self._answer(outcome, namespace, job, peer)
+
+    def _cannot_verify(self, e: Exception, namespace: str, job: str, peer: str) -> http1.Reply:
+        # A pod lookup or the API server failing: the pod retries later.
+        self._refusals.refused(503, namespace, job, f"cannot verify now: {e!r}", peer, exc_info=True)
+        return self._counted(_error(503, f"cannot verify now: {type(e).__name__}", _RETRY))
+
+    def _answer(self, outcome: tuple[int, str, PodReport | None, float], namespace: str, job: str,
+                peer: str) -> http1.Reply:
+        status, message, report, interval = outcome
         if report is None:
-            self._refusals.refused(status, namespace, job, message, peer)
-            return _error(status, message, {"Retry-After": "5"} if status == 503 else None)
+            return self._refused(status, namespace, job, message, peer)
         try:
             self._on_report(namespace, job, report)
         except Exception as e:
             self._refusals.refused(500, namespace, job, f"handling the report of pod {report.pod} failed: {e!r}", peer,
                                    exc_info=True)
-            return _error(500, "the operator could not take the report")
+            return self._counted(_error(500, "the operator could not take the report"))
         if interval == DEFAULT_POST_INTERVAL_SECONDS:
-            return web.Response(status=204)
-        return web.json_response({"intervalSeconds": interval})
+            return self._counted(_NO_CONTENT)
+        return self._counted(http1.Reply(200, json.dumps({"intervalSeconds": interval}).encode(), "application/json"))
+
+    def _refused(self, status: int, namespace: str, job: str, reason: str, peer: str,
+                 message: str | None = None) -> http1.Reply:
+        self._refusals.refused(status, namespace, job, reason, peer)
+        return self._counted(_error(status, message or reason, _RETRY if status == 503 else ()))
+
+    def _counted(self, reply: http1.Reply) -> http1.Reply:
+        self.responses[reply.status] += 1
+        return reply
+
+    @property
+    def connections_seen(self) -> int:
+        return self._http.seen if self._http is not None else 0
 
     def _check(
         self, token: str | None, namespace: str, job: str, content_type: str, body: bytes
-    ) -> tuple[int, str, PodReport | None, int]:
+    ) -> tuple[int, str, PodReport | None, float]:
         """On a worker thread (or the loop, see `lookups_block`): (status, message, the report when
         accepted, the interval to tell).
         401 before 404 before 400 before 403: nothing about jobs or the body is said to a caller

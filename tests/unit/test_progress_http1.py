@@ -1,0 +1,228 @@
+"""The progress endpoint's HTTP/1.1 framing, spoken to over raw sockets (plain TCP: TLS is
+asyncio's and is covered by test_progress_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from muralist_operator.progress import http1
+
+MAX_BODY = 64
+
+
+async def _later(reply: http1.Reply) -> http1.Reply:
+    await asyncio.sleep(0.05)  # long enough for a pipelined quick request to be answered first, were it not held
+    return reply
+
+
+def handler(request: http1.Request) -> http1.Reply | asyncio.Future[http1.Reply]:
+    if request.path == "/boom":
+        raise RuntimeError("handler bug")
+    body = b"%s %s %s %d" % (request.method.encode(), request.path.encode(), request.body, request.too_large)
+    reply = http1.Reply(200, body, "text/plain", (("X-Seen", request.headers.get("x-seen", "-")),))
+    if request.path == "/later":
+        return asyncio.ensure_future(_later(reply))
+    return reply
+
+
+class Server:
+    def __init__(self, keepalive_timeout: float = 30.0) -> None:
+        self.loop = asyncio.new_event_loop()
+        sock = socket.create_server(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.server, self.connections = self.loop.run_until_complete(
+            http1.serve(handler, sock, None, MAX_BODY, keepalive_timeout))
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        def close() -> None:
+            self.server.close()
+            self.connections.close_all()
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(close)
+        self.thread.join(5)
+        self.loop.close()
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def read_reply(sock: socket.socket, buffered: bytearray, no_body: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """One reply off the socket (what is read past it stays in `buffered`); a reply to HEAD has
+    a Content-Length but no body."""
+    while b"\r\n\r\n" not in buffered:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a full reply: {bytes(buffered)!r}"
+        buffered += chunk
+    head, _, _ = bytes(buffered).partition(b"\r\n\r\n")
+    del buffered[:len(head) + 4]
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+    length = 0 if no_body else int(headers.get("content-length", "0"))
+    while len(buffered) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside a body"
+        buffered += chunk
+    body = bytes(buffered[:length])
+    del buffered[:length]
+    return int(status_line.split()[1]), headers, body
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def post(path: str, body: bytes = b"", extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def test_keep_alive_replies_carry_date_and_length(server: Server) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        for i in range(3):
+            sock.sendall(post(f"/echo/{i}", b"hi", "X-Seen: yes\r\n"))
+            status, headers, body = read_reply(sock, buf)
+            assert (status, body, headers["x-seen"], headers["content-type"]) == (200, f"POST /echo/{i} hi 0".encode(),
+                                                                                  "yes", "text/plain")
+            assert "connection" not in headers and headers["date"].endswith("GMT")
+    assert server.connections.seen == 1
+
+
+def test_pipelined_requests_are_answered_in_order(server: Server) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        sock.sendall(post("/later", b"1") + post("/now", b"2") + post("/later", b"3"))
+        bodies = [read_reply(sock, buf)[2] for _ in range(3)]
+    assert bodies == [b"POST /later 1 0", b"POST /now 2 0", b"POST /later 3 0"]
+
+
+def test_a_body_over_the_limit_is_flagged_and_the_connection_survives(server: Server) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        sock.sendall(post("/big", b"x" * (MAX_BODY + 1)) + post("/small", b"ok"))
+        assert read_reply(sock, buf)[2] == b"POST /big  1"
+        assert read_reply(sock, buf)[2] == b"POST /small ok 0"
+
+
+def test_a_body_beyond_the_discard_cap_is_refused_and_closed(server: Server) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        sent = MAX_BODY + http1.MAX_DISCARD_BYTES + 1  # the cap's next byte; the rest is never sent
+        sock.sendall(f"POST /huge HTTP/1.1\r\nContent-Length: {10 * sent}\r\n\r\n".encode() + b"x" * sent)
+        status, headers, body = read_reply(sock, buf)
+        assert (status, headers["connection"]) == (413, "close") and f"at most {MAX_BODY} bytes".encode() in body
+        assert closed_by_server(sock)
+
+
+def test_an_oversized_head_is_431_and_closed(server: Server) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        sock.sendall(post("/x", extra=f"X-Pad: {'a' * http1.MAX_HEAD_BYTES}\r\n"))
+        status, headers, body = read_reply(sock, buf)
+        assert (status, headers["connection"]) == (431, "close") and b"at most" in body
+        assert closed_by_server(sock)
+
+
+def test_a_malformed_request_is_400_and_closed(server: Server) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        status, headers, body = read_reply(sock, buf)
+        assert (status, headers["connection"]) == (400, "close") and b"malformed" in body
+        assert closed_by_server(sock)
+
+
+def test_a_handler_failure_is_a_500_and_the_connection_stays(server: Server) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        sock.sendall(post("/boom") + post("/after"))
+        assert read_reply(sock, buf)[0] == 500
+        assert read_reply(sock, buf)[2] == b"POST /after  0"
+
+
+def test_head_has_no_body_and_204_no_length(server: Server) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        sock.sendall(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = read_reply(sock, buf, no_body=True)
+        assert status == 200 and int(headers["content-length"]) == len(b"HEAD /h  0")
+        sock.sendall(post("/next"))
+        assert read_reply(sock, buf)[2] == b"POST /next  0"  # nothing of HEAD's body was sent before it
+    assert b"Content-Length" not in http1.encode(http1.Reply(204), b"now", keep_alive=True)
+
+
+def test_expect_100_continue_is_answered_before_the_body(server: Server) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        sock.sendall(b"POST /e HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+        assert read_reply(sock, buf)[0] == 100
+        sock.sendall(b"ok")
+        assert read_reply(sock, buf)[2] == b"POST /e ok 0"
+
+
+@pytest.mark.parametrize("request_bytes", [
+    post("/bye", extra="Connection: close\r\n"),
+    b"POST /bye HTTP/1.0\r\nContent-Length: 0\r\n\r\n",
+], ids=["connection-close", "http-1.0"])
+def test_the_client_can_end_the_connection(server: Server, request_bytes: bytes) -> None:
+    buf = bytearray()
+    with server.connect() as sock:
+        sock.sendall(request_bytes)
+        status, headers, _ = read_reply(sock, buf)
+        assert (status, headers["connection"]) == (200, "close")
+        assert closed_by_server(sock)
+
+
+def test_idle_connections_are_closed_after_the_keepalive_timeout() -> None:
+    s = Server(keepalive_timeout=0.2)
+    try:
+        with s.connect() as sock:
+            sock.sendall(post("/x"))
+            assert read_reply(sock, bytearray())[0] == 200
+            assert closed_by_server(sock)  # recv waits (up to its 5 s timeout) for the sweep to close it
+        assert not s.connections.open
+    finally:
+        s.stop()
+
+
+def test_the_coalescing_selector_serves_a_burst_with_one_wake_up() -> None:
+    selector = http1.CoalescingSelector(window=0.5)
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        for reader, _ in pairs:
+            selector.register(reader, selectors.EVENT_READ)
+        first, second = (writer for _, writer in pairs)
+        # The second socket becomes readable while the selector lingers after the first.
+        threading.Timer(0.05, second.send, args=(b"y",)).start()
+        first.send(b"x")
+        started = time.monotonic()
+        ready = selector.select(timeout=5)
+        assert time.monotonic() - started >= 0.5
+        assert sorted(key.fileobj.fileno() for key, _ in ready) == sorted(r.fileno() for r, _ in pairs)
+        again = selector.select(timeout=0)  # nothing was read: still both, each once
+        assert sorted(key.fileobj.fileno() for key, _ in again) == sorted(r.fileno() for r, _ in pairs)
+    finally:
+        selector.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
