@@ -28,7 +28,7 @@ class FakeOperator:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, like the operator's aiohttp server
+            protocol_version = "HTTP/1.1"  # keep-alive, like the operator's progress server
 
             def do_POST(self) -> None:
                 outer.connections.add(id(self.connection))
@@ -102,9 +102,9 @@ def test_the_operator_sets_the_interval_and_errors_never_raise(operator: FakeOpe
     token.write_text("t")
     Progress(rank=0, job_total=1, writes=True, local=False, rank_file=RankFile(tmp_path / "pod", 0))
     reporter = PodReporter(target_from_env(pod_env(operator, token)), tmp_path / "pod", interval=3)
-    operator.answer = (200, {"intervalSeconds": 7})
+    operator.answer = (200, {"intervalSeconds": 3.5})  # half seconds (the aggregator's step)
     reporter.send()
-    assert reporter.interval == 7
+    assert reporter.interval == 3.5
     operator.answer = (500, {"error": "x"})
     reporter.send()  # logged, not raised
     operator.close()

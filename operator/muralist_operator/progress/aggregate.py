@@ -28,11 +28,14 @@ JobKey = tuple[str, str]  # (namespace, name)
 RATE_WINDOW_SECONDS = 60.0
 WRITE_INTERVAL_SECONDS = 1.0
 # Posts per second one replica is meant to absorb; beyond it pods are told to post less often.
-# 300: 1,024 pods post every 4 s, which keeps both the server's CPU (~8 % of a core) and the
-# status lag (interval + write interval, ~5 s at worst) within their targets
+# 300: 1,024 pods post every 3.5 s, which keeps both the server's CPU (~8 % of a core) and the
+# status lag (interval + write interval, ~4.6 s at worst) within their targets
 # (benchmarks/progress_load.py).
 POST_BUDGET_PER_SECOND = 300.0
 MAX_POST_INTERVAL_SECONDS = 30
+# Intervals are told in half seconds: whole seconds would make 1,024 pods post every 4 s, and
+# 4 s + the write interval is the whole 5 s the status may lag.
+POST_INTERVAL_STEP_SECONDS = 0.5
 # Rate samples closer together than this are merged: a window holds ~60 samples, not one per post.
 _SAMPLE_RESOLUTION = 1.0
 
@@ -148,9 +151,12 @@ def _merge(old: PodReport, new: PodReport) -> PodReport:
     )
 
 
-def post_interval(active_pods: int, budget_per_second: float = POST_BUDGET_PER_SECOND) -> int:
-    """How often each pod should post so that all of them together stay within the budget."""
-    needed = math.ceil(active_pods / budget_per_second) if budget_per_second > 0 else MAX_POST_INTERVAL_SECONDS
+def post_interval(active_pods: int, budget_per_second: float = POST_BUDGET_PER_SECOND) -> float:
+    """How often each pod should post so that all of them together stay within the budget
+    (rounded up to the interval step)."""
+    if budget_per_second <= 0:
+        return MAX_POST_INTERVAL_SECONDS
+    needed = math.ceil(active_pods / budget_per_second / POST_INTERVAL_STEP_SECONDS) * POST_INTERVAL_STEP_SECONDS
     return min(MAX_POST_INTERVAL_SECONDS, max(DEFAULT_POST_INTERVAL_SECONDS, needed))
 
 
@@ -170,7 +176,7 @@ class Aggregator:
         self.post_budget_per_second = post_budget_per_second
         self._jobs: dict[JobKey, _Job] = {}
         self._lock = threading.Lock()
-        self._interval: tuple[float, int] | None = None  # (computed at, value)
+        self._interval: tuple[float, float] | None = None  # (computed at, value)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -301,7 +307,7 @@ class Aggregator:
         now = self._clock() if now is None else now
         return self.snapshot(job, now) if self.due(job, now) else None
 
-    def suggested_interval(self, now: float | None = None) -> int:
+    def suggested_interval(self, now: float | None = None) -> float:
         """The post interval for every pod of this replica (backpressure), recomputed once a second:
         counting the pods on every post would cost more than the post."""
         now = self._clock() if now is None else now
