@@ -63,6 +63,7 @@ SNI = f"{SERVICE}.muralist-system.svc"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 from muralist_operator.progress.aggregate import POST_BUDGET_PER_SECOND  # noqa: E402  (after the path)
+from muralist_operator.progress.http1 import COALESCE_SECONDS  # noqa: E402
 
 
 def token_for(index: int) -> str:
@@ -141,7 +142,7 @@ def serve(args: argparse.Namespace) -> int:
     # The pod lookup is a dict and the interval a cached number: nothing blocks (as in the operator).
     server = ProgressServer(verifier, on_report, tls, host="127.0.0.1", port=0,
                             interval=lambda ns, job: aggregator.suggested_interval(),
-                            lookups_block=args.lookups_block)
+                            lookups_block=args.lookups_block, coalesce=args.coalesce)
     server.start()
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
@@ -178,6 +179,7 @@ async def post_all(args: argparse.Namespace) -> dict[str, Any]:
     errors: Counter[str] = Counter()
     intervals: Counter[int] = Counter()
     latencies: list[float] = []
+    sent: list[float] = []  # when each post went out (CLOCK_MONOTONIC is the machine's: comparable across processes)
 
     def body(i: int, now: float, final: bool) -> bytes:
         done = max(0, int((now - starts[i]) * rate))
@@ -196,6 +198,7 @@ async def post_all(args: argparse.Namespace) -> dict[str, Any]:
                 now = time.monotonic()
                 final = now >= end
                 t0 = time.monotonic()
+                sent.append(t0)
                 try:
                     async with session.post(url, data=body(i, now, final), headers=headers,
                                             server_hostname=SNI) as resp:
@@ -206,7 +209,7 @@ async def post_all(args: argparse.Namespace) -> dict[str, Any]:
                             interval = 3.0
                         else:
                             await resp.read()
-                        intervals[int(interval)] += 1
+                        intervals[interval] += 1
                 except (aiohttp.ClientError, TimeoutError) as e:
                     errors[type(e).__name__] += 1
                 latencies.append(time.monotonic() - t0)
@@ -217,7 +220,7 @@ async def post_all(args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.gather(*(pod(i) for i in range(args.pods)))
     latencies.sort()
     return {"starts": starts, "rate": rate, "start": start, "end": end, "statuses": dict(statuses),
-            "errors": dict(errors), "intervals": dict(intervals),
+            "errors": dict(errors), "intervals": dict(intervals), "sent": sent,
             "latency_p50": latencies[len(latencies) // 2], "latency_p95": latencies[int(len(latencies) * 0.95)]}
 
 
@@ -258,10 +261,26 @@ def lags(posters: dict[str, Any], writes: list[tuple[float, list[int]]], since: 
     return sorted(out)
 
 
-def run_variant(pods: int, ranks: int, args: argparse.Namespace) -> dict[str, Any]:
+def baseline_tree(rev: str, into: Path) -> Path:
+    """This benchmark and the operator as they were at `rev` (git archive): its `_serve` runs that
+    commit's server, fed by this tree's posters."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "benchmarks", "operator", "runtime"],
+                             check=True, capture_output=True).stdout
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "benchmarks" / "progress_load.py"
+
+
+def run_variant(pods: int, ranks: int, args: argparse.Namespace, server_script: Path | None = None,
+                label: str = "this tree") -> dict[str, Any]:
+    """One load run; `server_script`: another commit's copy of this file (baseline_tree) serves."""
     from muralist_operator.progress.tls import issue, new_ca, service_names
 
     me = Path(__file__).resolve()
+    server_args = ["--budget", str(args.budget), *(["--lookups-block"] if args.lookups_block else [])]
+    if server_script is None:
+        server_script = me
+        server_args += ["--coalesce", str(args.coalesce)]
     with tempfile.TemporaryDirectory(prefix="muralist-progress-bench-") as tmp:
         out = Path(tmp)
         ca_pem, ca_key = new_ca()
@@ -270,8 +289,7 @@ def run_variant(pods: int, ranks: int, args: argparse.Namespace) -> dict[str, An
         (out / "tls.key").write_bytes(material.key_pem)
         (out / "ca.crt").write_bytes(ca_pem)
         common = ["--dir", tmp, "--pods", str(pods), "--ranks", str(ranks)]
-        server = subprocess.Popen([sys.executable, str(me), "_serve", *common, "--budget", str(args.budget),
-                                   *(["--lookups-block"] if args.lookups_block else [])])
+        server = subprocess.Popen([sys.executable, str(server_script), "_serve", *common, *server_args])
         port_file = out / "port"
         deadline = time.monotonic() + 30
         while not port_file.exists():
@@ -299,11 +317,14 @@ def run_variant(pods: int, ranks: int, args: argparse.Namespace) -> dict[str, An
     gaps = [b - a for a, b in itertools.pairwise(in_window)]
     last_rate = [r for (t, _), r in zip(writes, srv["rates"], strict=True) if t <= pst["end"]][-1]
     # Counts reached after the last full interval cannot be in any write yet: leave them out.
-    lag = lags(pst, writes, since=wall0, until=pst["end"] - 2 * max(int(k) for k in pst["intervals"]))
+    lag = lags(pst, writes, since=wall0, until=pst["end"] - 2 * max(float(k) for k in pst["intervals"]))
     requests = sum(pst["statuses"].values())
+    posts_in_window = sum(1 for t in pst["sent"] if window[0] <= t <= window[1])
     return {
         "variant": f"{pods} pods x {ranks} ranks",
-        "interval": int(max(pst["intervals"], key=lambda k: pst["intervals"][k])),  # what most posts were told
+        "server": label,
+        "cpu_ms_per_post": 1000 * (cpu1 - cpu0) / max(1, posts_in_window),
+        "interval": float(max(pst["intervals"], key=lambda k: pst["intervals"][k])),  # what most posts were told
         "requests_per_second": requests / (pst["end"] - pst["start"]),
         "writes_per_second": len(gaps) / sum(gaps) if gaps else 0.0,
         "min_write_gap": min(gaps, default=float("nan")),
@@ -565,14 +586,16 @@ def comparison(rows: list[dict[str, Any]]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| variant | interval told (s) | requests/s | status writes/s | server CPU (% of a core) | "
+    head = ("| server | variant | interval told (s) | requests/s | status writes/s | server CPU (% of a core) | "
+            "CPU per post (ms) | "
             "min gap between writes (s) | lag p50 / p95 / max (s) | post latency p50 / p95 (ms) | TokenReviews | "
             "connections | refused/errors | images/s aggregated (expected) | load avg before -> after |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
-            f"| {r['variant']} | {r['interval']} | {r['requests_per_second']:.0f} | {r['writes_per_second']:.2f} | "
-            f"{r['cpu_percent']:.1f} | {r['min_write_gap']:.2f} | "
+            f"| {r['server']} | {r['variant']} | {r['interval']:g} | {r['requests_per_second']:.0f} | "
+            f"{r['writes_per_second']:.2f} | {r['cpu_percent']:.1f} | {r['cpu_ms_per_post']:.3f} | "
+            f"{r['min_write_gap']:.2f} | "
             f"{r['lag_p50']:.2f} / {r['lag_p95']:.2f} / {r['lag_max']:.2f} | "
             f"{r['post_p50_ms']:.1f} / {r['post_p95_ms']:.1f} | {r['reviews']} | {r['connections']} | "
             f"{r['non_2xx'] or 'none'} | {r['images_per_second']} ({r['expected_images_per_second']:.0f}) | "
@@ -590,6 +613,11 @@ def main() -> int:
     parser.add_argument("--image-seconds", type=float, default=4.0, help="seconds per image per rank")
     parser.add_argument("--budget", type=float, default=POST_BUDGET_PER_SECOND,
                         help="posts/s the server asks pods to stay within")
+    parser.add_argument("--coalesce", type=float, default=COALESCE_SECONDS,
+                        help="seconds the server's loop lingers after a wake-up (0: off)")
+    parser.add_argument("--baseline-rev", metavar="REV",
+                        help="also run the server of this commit beside this tree's, interleaved (e.g. cf2fd41)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every variant (interleaved with the baseline)")
     parser.add_argument("--lookups-block", action="store_true",
                         help="verify every post on a worker thread, as with blocking lookups")
     parser.add_argument("--configmap", nargs="*", default=["1024x1"], metavar="PODSxRANKS",
@@ -609,14 +637,21 @@ def main() -> int:
     if args.role == "_cmpost":
         return cm_post(args)
     rows = []
-    for variant in args.variants:
-        pods, ranks = (int(x) for x in variant.split("x"))
-        rows.append(run_variant(pods, ranks, args))
-        print(json.dumps(rows[-1], default=str), file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="muralist-progress-baseline-") as tmp:
+        baseline = baseline_tree(args.baseline_rev, Path(tmp)) if args.baseline_rev else None
+        for _ in range(args.rounds):
+            for variant in args.variants:
+                pods, ranks = (int(x) for x in variant.split("x"))
+                if baseline is not None:
+                    rows.append(run_variant(pods, ranks, args, baseline, label=args.baseline_rev))
+                    print(json.dumps(rows[-1], default=str), file=sys.stderr)
+                rows.append(run_variant(pods, ranks, args))
+                print(json.dumps(rows[-1], default=str), file=sys.stderr)
     side_by_side = []
     for variant in args.configmap:
         pods, ranks = (int(x) for x in variant.split("x"))
-        pushed = next((r for r in rows if r["variant"] == f"{pods} pods x {ranks} ranks"), None)
+        name = f"{pods} pods x {ranks} ranks"
+        pushed = next((r for r in rows if r["variant"] == name and r["server"] == "this tree"), None)
         if pushed is not None:
             side_by_side.append({**pushed, "path": "pushed (this tree)",
                                  "api_writes_per_second": pushed["writes_per_second"]})
