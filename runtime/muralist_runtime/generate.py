@@ -46,10 +46,18 @@ def chunk_stream(job: Any, state: Any) -> Any:
             own = work.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
                                       tally)
     while True:
-        step = next(own, None) if own is not None else None
+        try:
+            step = next(own, None) if own is not None else None
+        except work.NothingLeft:
+            # The rest of the group waits in the share below: it must end the same way, not see
+            # its first rank leave in the middle of a collective.
+            world.share_in_group(work.NOTHING_LEFT)
+            raise
         step = world.share_in_group(step)
         if step is None:
             return
+        if step == work.NOTHING_LEFT:
+            raise work.NothingLeft("the group's first rank found the job merged and its first pod gone")
         yield step
 
 

@@ -34,6 +34,7 @@ from .spec.contract import PERMANENT_FAILURE_EXIT_CODE, Counts, PermanentFailure
 from .spec.items import Item
 from .spec.problems import problems_from
 from .spec.resolved import RuntimeSpec
+from .work import NothingLeft
 
 log = logging.getLogger("muralist")
 
@@ -76,10 +77,6 @@ class Job:
 
 # How long a retried pod tries the store before it concludes that a merged job is over.
 STORE_PROBE_SECONDS = 15.0
-
-
-class NothingLeft(Exception):
-    """The job is complete: this process ends with exit 0 without rendering."""
 
 
 def peak_memory_mib() -> float:

@@ -42,6 +42,12 @@ CHUNKS_PER_GROUP = 16
 MAX_CHUNK_ROWS = 32
 NAMESPACE = "work"
 WAIT_SECONDS = 1.0
+# What a group's first rank shares instead of a chunk when it found the job over (NothingLeft).
+NOTHING_LEFT = "nothing-left"
+
+
+class NothingLeft(Exception):
+    """The job is complete: this process ends with exit 0 without rendering."""
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from muralist_runtime import work
 from muralist_runtime.spec.api import Generation
@@ -127,3 +129,39 @@ def test_a_cpu_job_stays_on_the_cpu_and_gpus_are_counted(monkeypatch: pytest.Mon
     with pytest.raises(PermanentFailure, match=r"^spec.parallelism.gpusPerNode: 2 processes per pod, one per GPU, "
                                                r"but this pod sees 1 GPU"):
         world.check_devices(layout(0, 0, 2, 1, 1))
+
+
+class GroupOfTwo:
+    """share_in_group for a group of two ranks, played from one side: the first rank's values
+    are recorded (what the other rank would receive); the other rank is handed `incoming`."""
+
+    def __init__(self, first: bool, incoming: list[object] | None = None) -> None:
+        self.layout = SimpleNamespace(writes_images=first, group_index=0)
+        self.shared: list[object] = []
+        self.incoming = list(incoming or [])
+
+    def share_in_group(self, value: object) -> object:
+        if self.layout.writes_images:
+            self.shared.append(value)
+            return value
+        return self.incoming.pop(0)
+
+
+def test_a_group_ends_together_when_its_first_rank_finds_the_job_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    from muralist_runtime.generate import chunk_stream
+
+    def claims_then_the_store_is_gone(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        yield 0, False
+        raise work.NothingLeft("the job was merged and its first pod is gone")
+
+    monkeypatch.setattr(work, "dynamic_chunks", claims_then_the_store_is_gone)
+    job = SimpleNamespace(work=plan_for(4))
+    first = GroupOfTwo(first=True)
+    with pytest.raises(work.NothingLeft):
+        list(chunk_stream(job, SimpleNamespace(world=first, claims=None)))
+    assert first.shared == [(0, False), work.NOTHING_LEFT]  # the other rank is told, not left in the collective
+    other = GroupOfTwo(first=False, incoming=first.shared)
+    stream = chunk_stream(job, SimpleNamespace(world=other, claims=None))
+    assert next(stream) == (0, False)
+    with pytest.raises(work.NothingLeft, match="first rank found the job merged"):
+        next(stream)
