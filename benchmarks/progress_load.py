@@ -21,6 +21,10 @@ Three processes, so that neither the posters' CPU nor the bookkeeping counts aga
 
 Targets: <= 1 status write per second per job, server CPU <= 10 % of one core, lag <= 5 s.
 
+`--baseline-rev REV` also runs REV's server (its copy of this file, from `git archive`) before
+each of this tree's runs, fed by the same posters, for `--rounds` rounds: a change to the server
+measured side by side. `--coalesce 0` turns off the loop's linger (progress/http1.py).
+
 Beside it, the path it replaces (`--configmap 1024x1`, on by default): the test control plane
 (hack/controlplane.py) and the operator of the commit before pushed progress
 (`--configmap-rev`, extracted with `git archive`, so this tree's code is not involved), one

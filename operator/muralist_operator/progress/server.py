@@ -1,8 +1,9 @@
 """The HTTPS endpoint pods post progress to, on its own thread and event loop.
 
 Not on kopf's loop: a burst of 1,000 posts (or a slow TokenReview) must not delay watch
-events, and kopf's loop must not delay the posts. Verification (a cache lookup, now and then a
-TokenReview; the pod lookup) runs on a small thread pool, so the loop only parses HTTP.
+events, and kopf's loop must not delay the posts. HTTP is framed by http1 (httptools). A post
+whose token is cached is checked on the loop (memory only); a TokenReview (and a pod lookup
+that may block) runs on a small thread pool, and the loop goes on meanwhile.
 
     POST /v1/namespaces/{namespace}/diffusionjobs/{job}/progress
       204  accepted: keep posting at the default interval (report.DEFAULT_POST_INTERVAL_SECONDS)
@@ -205,7 +206,7 @@ class ProgressServer:
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:
-            self._server, self._http = loop.run_until_complete(
+            server, connections = loop.run_until_complete(
                 http1.serve(self._route, sock, self._ssl, self._max_body, self._keepalive))
         except BaseException as e:  # reported by start()
             self._start_error = e
@@ -213,13 +214,14 @@ class ProgressServer:
             loop.close()
             sock.close()
             return
+        self._server, self._http = server, connections
         self._started.set()
         try:
             loop.run_forever()
         finally:
-            self._server.close()
-            self._http.close_all()
-            loop.run_until_complete(self._server.wait_closed())
+            server.close()
+            connections.close_all()
+            loop.run_until_complete(server.wait_closed())
             loop.run_until_complete(asyncio.sleep(0))  # let the transports finish closing
             loop.close()
 
