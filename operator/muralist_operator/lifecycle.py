@@ -96,10 +96,10 @@ def _create_job(t: Transition, job: DiffusionJob, now: datetime) -> Decision:
     return t.decision
 
 
-def _running_message(job: DiffusionJob, observed: Observed, running: int) -> tuple[str, str]:
+def _running_message(job: DiffusionJob, indexes: failure.Indexes, running: int) -> tuple[str, str]:
     par, limit = job.spec.parallelism, job.spec.run_policy.max_restarts
     base = f"{par.nodes} pod(s), world size {par.world_size}"
-    retrying = failure.retrying(observed.pods, limit)
+    retrying = failure.retrying(indexes, limit)
     if not retrying:
         return "Running", base
     first = retrying[0]
@@ -169,14 +169,15 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
     if current.failed and current.failure_reason == REASON_DEADLINE:
         t.phase(Phase.FAILED, REASON_DEADLINE, deadline.message(policy))
         return t.decision
-    if failure.handle(t, job, current, pods):
+    indexes = failure.by_index(pods)
+    if failure.handle(t, job, current, pods, indexes):
         return t.decision
 
     # 6. Running, or still coming up; a world spanning pods starts again together; a pod that
     #    stopped progressing is retried alone.
     if current.start_time and not st.start_time:
         st.start_time = current.start_time
-    for peer in world.peers_to_stop(par, pods):
+    for peer in world.peers_to_stop(par, pods, indexes):
         t.act(StopPod(peer.pod.name, peer.pod.uid, REASON_WORLD_FAILED, peer.note))
         t.event("Warning", REASON_WORLD_FAILED, f"index {peer.pod.index} (pod {peer.pod.name}): {peer.note}; "
                 "deleting it, so that its world starts again together")
@@ -185,14 +186,13 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
         t.act(StopPod(found.pod.name, found.pod.uid, REASON_STALLED, note))
         t.event("Warning", REASON_STALLED, f"index {found.pod.index} (pod {found.pod.name}): {note}; deleting it, "
                 "the Job retries it alone")
-    latest = failure.by_index(pods)
-    running = sum(1 for s in latest.values() if s.newest.phase == "Running" and not s.newest.deleting)
-    done = sum(1 for s in latest.values() if s.newest.phase == "Succeeded")
+    running = sum(1 for s in indexes.values() if s.newest.phase == "Running" and not s.newest.deleting)
+    done = sum(1 for s in indexes.values() if s.newest.phase == "Succeeded")
     if running + done >= par.nodes or current.ready >= par.nodes or st.phase == Phase.RUNNING:
         # Once running, a job stays Running while single indexes are retried.
-        t.phase(Phase.RUNNING, *_running_message(job, observed, running))
+        t.phase(Phase.RUNNING, *_running_message(job, indexes, running))
     else:
-        reason, message = _running_message(job, observed, running)
+        reason, message = _running_message(job, indexes, running)
         t.phase(Phase.PENDING, "Starting" if reason == "Running" else reason,
                 f"{running}/{par.nodes} pod(s) running" if reason == "Running" else message)
     return t.decision

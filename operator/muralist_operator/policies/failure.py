@@ -60,22 +60,26 @@ def _newest_first(pod: PodView) -> tuple[int, bool, str, str]:
     return (pod.failure_count, not pod.terminal, pod.created or "", pod.name)
 
 
-def by_index(pods: list[PodView]) -> dict[int, IndexFailures]:
+Indexes = dict[int, IndexFailures]
+
+
+def by_index(pods: list[PodView]) -> Indexes:
+    """Every index's pods summed up. A reconcile computes this once and hands it to each policy
+    that needs it (with 1,024 pods it takes ~1 ms, and a reconcile runs every second)."""
     groups: dict[int, list[PodView]] = {}
     for pod in pods:
         if pod.index >= 0:
-            groups.setdefault(pod.index, []).append(pod)
-    out: dict[int, IndexFailures] = {}
+            group = groups.get(pod.index)
+            if group is None:
+                groups[pod.index] = [pod]
+            else:
+                group.append(pod)
+    out: Indexes = {}
     for index, group in groups.items():
         group.sort(key=_newest_first, reverse=True)
         newest = group[0]
-        failed = [p for p in group if p.counted_failure]
-        out[index] = IndexFailures(
-            index=index,
-            failures=newest.failure_count + (1 if newest.counted_failure else 0),
-            newest=newest,
-            last_failed=failed[0] if failed else None,
-        )
+        last_failed = next((p for p in group if p.counted_failure), None)
+        out[index] = IndexFailures(index, newest.failure_count + (last_failed is newest), newest, last_failed)
     return out
 
 
@@ -132,10 +136,12 @@ def record(t: Transition, indexes: dict[int, IndexFailures], limit: int) -> list
     return new
 
 
-def handle(t: Transition, job: DiffusionJob, current: JobView, pods: list[PodView]) -> bool:
-    """Record the failures and decide for the job; True when it has failed (the decision is made)."""
+def handle(t: Transition, job: DiffusionJob, current: JobView, pods: list[PodView],
+           indexes: Indexes | None = None) -> bool:
+    """Record the failures and decide for the job; True when it has failed (the decision is made).
+    `indexes`: by_index(pods), when the caller has it already."""
     limit = job.spec.run_policy.max_restarts
-    indexes = by_index(pods)
+    indexes = by_index(pods) if indexes is None else indexes
     for seen in record(t, indexes, limit):
         pod = seen.last_failed
         assert pod is not None
@@ -171,7 +177,6 @@ def handle(t: Transition, job: DiffusionJob, current: JobView, pods: list[PodVie
     return False
 
 
-def retrying(pods: list[PodView], limit: int) -> list[IndexFailures]:
-    """Indexes waiting for, or starting, their next pod (for the Running message)."""
-    return sorted((s for s in by_index(pods).values() if s.retrying and s.failures <= limit),
-                  key=lambda s: s.index)
+def retrying(indexes: Indexes, limit: int) -> list[IndexFailures]:
+    """Indexes (by_index) waiting for, or starting, their next pod (for the Running message)."""
+    return sorted((s for s in indexes.values() if s.retrying and s.failures <= limit), key=lambda s: s.index)

@@ -20,7 +20,7 @@ from muralist_runtime.spec.api import Parallelism
 
 from muralist_operator.decision import REASON_WORLD_FAILED
 from muralist_operator.observe import PodView
-from muralist_operator.policies.failure import by_index
+from muralist_operator.policies.failure import Indexes, by_index
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,12 @@ def pods_per_world(par: Parallelism) -> int:
     return contract.pods_per_world(par.group_size, par.resolved_processes_per_node)
 
 
-def peers_to_stop(par: Parallelism, pods: list[PodView]) -> list[PeerStop]:
+def peers_to_stop(par: Parallelism, pods: list[PodView], indexes: Indexes | None = None) -> list[PeerStop]:
+    """`indexes`: by_index(pods), when the caller has it already."""
     k = pods_per_world(par)
     if k == 1:
         return []
-    latest = {i: s.newest for i, s in by_index(pods).items()}
+    latest = {i: s.newest for i, s in (by_index(pods) if indexes is None else indexes).items()}
     found: list[PeerStop] = []
     for index, pod in sorted(latest.items()):
         if not pod.counted_failure or pod.stop_reason == REASON_WORLD_FAILED:
