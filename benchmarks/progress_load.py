@@ -175,6 +175,10 @@ async def post_all(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.dir)
     ctx = ssl.create_default_context(cadata=(out / "ca.crt").read_text())
     url = f"https://127.0.0.1:{args.port}/v1/namespaces/{NAMESPACE}/diffusionjobs/{JOB}/progress"
+    sni = args.sni or SNI
+    # Real pods (run_operator_variant): their names, indexes and bound tokens; otherwise made up.
+    who = (json.loads((out / "pods.json").read_text()) if (out / "pods.json").exists() else
+           [{"pod": f"{JOB}-{i}", "index": i, "token": token_for(i)} for i in range(args.pods)])
     rate = args.ranks / args.image_seconds  # images per second per pod
     start = time.monotonic()
     end = start + args.duration
@@ -188,12 +192,13 @@ async def post_all(args: argparse.Namespace) -> dict[str, Any]:
     def body(i: int, now: float, final: bool) -> bytes:
         done = max(0, int((now - starts[i]) * rate))
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        return json.dumps({"pod": f"{JOB}-{i}", "index": i, "attempt": 0, "ranks": args.ranks, "completed": done,
+        return json.dumps({"pod": who[i]["pod"], "index": who[i]["index"], "attempt": 0, "ranks": args.ranks,
+                           "completed": done,
                            "skipped": 0, "failed": 0, "total": 1_000_000, "lastStepTime": stamp,
                            "lastImageTime": stamp, "sentAt": stamp, "final": final}).encode()
 
     async def pod(i: int) -> None:
-        headers = {"Authorization": f"Bearer {token_for(i)}", "Content-Type": "application/json"}
+        headers = {"Authorization": f"Bearer {who[i]['token']}", "Content-Type": "application/json"}
         connector = aiohttp.TCPConnector(limit=1, ssl=ctx, keepalive_timeout=300)
         interval = 3.0
         async with aiohttp.ClientSession(connector=connector) as session:
@@ -205,7 +210,7 @@ async def post_all(args: argparse.Namespace) -> dict[str, Any]:
                 sent.append(t0)
                 try:
                     async with session.post(url, data=body(i, now, final), headers=headers,
-                                            server_hostname=SNI) as resp:
+                                            server_hostname=sni) as resp:
                         statuses[resp.status] += 1
                         if resp.status == HTTPStatus.OK:
                             interval = float((await resp.json())["intervalSeconds"])
@@ -447,12 +452,57 @@ def process_cpu(pid: int) -> float:
     return total
 
 
+def watch_progress(custom: Any, statuses: list[tuple[float, int]], stop: threading.Event) -> None:
+    """Append (seen, status.progress.completed) for every change of the job until `stop`."""
+    from kubernetes import watch
+
+    version = None
+    while not stop.is_set():
+        try:
+            for event in watch.Watch().stream(custom.list_namespaced_custom_object, "muralist.dev", "v1alpha1",
+                                              NAMESPACE, "diffusionjobs", resource_version=version,
+                                              timeout_seconds=60):
+                obj = event["object"]
+                version = obj["metadata"]["resourceVersion"]
+                done = ((obj.get("status") or {}).get("progress") or {}).get("completed", 0)
+                if not statuses or statuses[-1][1] != int(done) or event["type"] == "MODIFIED":
+                    statuses.append((time.monotonic(), int(done)))
+                if stop.is_set():
+                    return
+        except Exception:  # a loaded API server drops watches now and then: list and watch again
+            version = None
+            time.sleep(0.2)
+
+
+def stop_process_group(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def create_when_served(custom: Any, body: dict[str, Any], deadline: float) -> None:
+    """Create the DiffusionJob; the CRD is served a moment after it is created."""
+    from kubernetes import client
+
+    while True:
+        try:
+            custom.create_namespaced_custom_object("muralist.dev", "v1alpha1", NAMESPACE, "diffusionjobs", body)
+            return
+        except client.ApiException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> dict[str, Any]:
     """1,024 ranks (pods x ranks) through the progress ConfigMap and the previous operator."""
     sys.path.insert(0, str(REPO / "hack"))
     import controlplane  # hack/controlplane.py
     import yaml
-    from kubernetes import client, config, watch
+    from kubernetes import client, config
 
     total_ranks = pods * ranks
     me = Path(__file__).resolve()
@@ -485,14 +535,7 @@ def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> di
                            "parallelism": {"nodes": pods, "gpusPerNode": 0, "processesPerNode": ranks},
                            "runPolicy": {"suspend": True}}}
             deadline = time.monotonic() + 60
-            while True:  # the CRD is served a moment after it is created
-                try:
-                    custom.create_namespaced_custom_object("muralist.dev", "v1alpha1", NAMESPACE, "diffusionjobs", dj)
-                    break
-                except client.ApiException:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
+            create_when_served(custom, dj, deadline)
             while True:  # the operator creates the progress ConfigMap with the job's other children
                 try:
                     core.read_namespaced_config_map(f"{JOB}-progress", NAMESPACE)
@@ -504,28 +547,7 @@ def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> di
 
             statuses: list[tuple[float, int]] = []  # (seen, status.progress.completed)
             stop = threading.Event()
-
-            def watch_status() -> None:
-                # A loaded API server drops watches now and then: watch again from where it was.
-                version = None
-                while not stop.is_set():
-                    try:
-                        for event in watch.Watch().stream(
-                                custom.list_namespaced_custom_object, "muralist.dev", "v1alpha1", NAMESPACE,
-                                "diffusionjobs", resource_version=version, timeout_seconds=60):
-                            obj = event["object"]
-                            version = obj["metadata"]["resourceVersion"]
-                            done = ((obj.get("status") or {}).get("progress") or {}).get("completed", 0)
-                            if not statuses or statuses[-1][1] != int(done) or event["type"] == "MODIFIED":
-                                statuses.append((time.monotonic(), int(done)))
-                            if stop.is_set():
-                                return
-                    except Exception:  # dropped or expired: list and watch again
-                        version = None
-                        time.sleep(0.2)
-
-            watcher = threading.Thread(target=watch_status, daemon=True)
-            watcher.start()
+            threading.Thread(target=watch_progress, args=(custom, statuses, stop), daemon=True).start()
             load_before = os.getloadavg()
             posters = subprocess.Popen([sys.executable, str(me), "_cmpost", "--dir", tmp, "--ranks", str(total_ranks),
                                         "--kubeconfig", str(cp.kubeconfig), "--duration", str(args.duration),
@@ -539,12 +561,7 @@ def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> di
             stop.set()
             pst = json.loads((work / "posters.json").read_text())
         finally:
-            if operator is not None and operator.poll() is None:
-                os.killpg(operator.pid, signal.SIGTERM)
-                try:
-                    operator.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(operator.pid, signal.SIGKILL)
+            stop_process_group(operator)
             cp.stop()
     window = (wall0, wall1)
     patches = sum(1 for t in pst["ok_times"] if window[0] <= t <= window[1])
@@ -559,6 +576,112 @@ def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> di
         "interval": int(CM_INTERVAL_SECONDS),
         "requests_per_second": requests / (pst["end"] - pst["start"]),
         "api_writes_per_second": (patches + len(changes)) / seconds,
+        "writes_per_second": len(changes) / seconds,
+        "cpu_percent": 100 * (cpu1 - cpu0) / seconds,
+        "lag_p50": percentile(lag, 0.50),
+        "lag_p95": percentile(lag, 0.95),
+        "lag_max": lag[-1] if lag else float("nan"),
+        "lag_samples": len(lag),
+        "post_p50_ms": 1000 * pst["latency_p50"],
+        "post_p95_ms": 1000 * pst["latency_p95"],
+        "non_2xx": {k: v for k, v in pst["statuses"].items() if not k.startswith("2")} | pst["errors"],
+        "load": (load_before, load_after),
+    }
+
+
+# -- the pushed path through the whole operator ----------------------------------------------------
+
+
+def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The pushed path through this tree's whole operator (kopf, its indexes, the reconciler's
+    status writes, the endpoint): a DiffusionJob of `pods` pods on the test control plane, whose
+    pods kwok plays (those that fit stay Running, the rest Pending: all are objects the operator
+    indexes and a token can be bound to), posted for with tokens bound to them."""
+    sys.path.insert(0, str(REPO / "hack"))
+    import controlplane  # hack/controlplane.py
+    import yaml
+    from kubernetes import client, config
+    from muralist_runtime.spec import contract
+
+    me = Path(__file__).resolve()
+    with tempfile.TemporaryDirectory(prefix="muralist-progress-op-") as tmp:
+        work = Path(tmp)
+        cp = controlplane.ControlPlane(controlplane.default_bin_dir(), work / "cluster")
+        cp.start()
+        operator: subprocess.Popen[bytes] | None = None
+        try:
+            api = config.new_client_from_config(config_file=str(cp.kubeconfig))
+            ext, core = client.ApiextensionsV1Api(api), client.CoreV1Api(api)
+            custom = client.CustomObjectsApi(api)
+            ext.create_custom_resource_definition(yaml.safe_load((REPO / "crds" / "muralist.dev_diffusionjobs.yaml")
+                                                                 .read_text()))
+            port = controlplane.free_port()
+            env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
+                   "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("cli", "operator", "runtime"))}
+            log = open(work / "operator.log", "wb")  # noqa: SIM115 (owned by the process)
+            operator = subprocess.Popen(
+                [sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0", "--metrics-port", "0",
+                 "--operator-namespace", "default", "--progress-port", str(port),
+                 "--progress-url", f"https://localhost:{port}", "--progress-tls-name", "localhost"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+            # promptsFrom: the operator does not know the total, so the pods' (1,000,000) stands.
+            core.create_namespaced_config_map(NAMESPACE, {"metadata": {"name": "prompts"},
+                                                          "data": {"prompts.txt": "a prompt\n"}})
+            dj = {"apiVersion": "muralist.dev/v1alpha1", "kind": "DiffusionJob", "metadata": {"name": JOB},
+                  "spec": {"model": {"name": "muralist/tiny-flux"},
+                           "promptsFrom": {"configMapKeyRef": {"name": "prompts", "key": "prompts.txt"}},
+                           "parallelism": {"nodes": pods, "gpusPerNode": ranks},
+                           "podTemplate": {"annotations": {"fate.muralist.dev/outcome": "run"}}}}
+            create_when_served(custom, dj, time.monotonic() + 60)
+            selector = f"muralist.dev/job-name={JOB}"
+            deadline = time.monotonic() + 600
+            while len(found := core.list_namespaced_pod(NAMESPACE, label_selector=selector).items) < pods:
+                if time.monotonic() > deadline or operator.poll() is not None:
+                    raise SystemExit(f"{len(found)} of {pods} pods after 600 s: {work}/operator.log")
+                time.sleep(2)
+            spec_map = core.read_namespaced_config_map(f"{JOB}-spec", NAMESPACE)
+            (work / "ca.crt").write_text(spec_map.data[contract.PROGRESS_CA_KEY])
+            who = []
+            for pod in found:
+                bound = {"audiences": [contract.PROGRESS_AUDIENCE], "expirationSeconds": 3600,
+                         "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name,
+                                            "uid": pod.metadata.uid}}
+                account = pod.spec.service_account_name or "default"
+                token = core.create_namespaced_service_account_token(account, NAMESPACE, {"spec": bound}).status.token
+                index = int(pod.metadata.annotations[contract.COMPLETION_INDEX_ANNOTATION])
+                who.append({"pod": pod.metadata.name, "index": index, "token": token})
+            (work / "pods.json").write_text(json.dumps(sorted(who, key=lambda w: w["index"])))
+            statuses: list[tuple[float, int]] = []
+            stop = threading.Event()
+            threading.Thread(target=watch_progress, args=(custom, statuses, stop), daemon=True).start()
+            time.sleep(5)  # the pods' events settle (kwok starting the ones that fit)
+            load_before = os.getloadavg()
+            posters = subprocess.Popen([sys.executable, str(me), "_post", "--dir", tmp, "--pods", str(pods),
+                                        "--ranks", str(ranks), "--port", str(port), "--sni", "localhost",
+                                        "--duration", str(args.duration), "--image-seconds", str(args.image_seconds)])
+            time.sleep(args.warmup)
+            cpu0, wall0 = process_cpu(operator.pid), time.monotonic()
+            posters.wait()
+            cpu1, wall1 = process_cpu(operator.pid), time.monotonic()
+            load_after = os.getloadavg()
+            time.sleep(3)  # the last status write
+            stop.set()
+            pst = json.loads((work / "posters.json").read_text())
+        finally:
+            stop_process_group(operator)
+            cp.stop()
+    window = (wall0, wall1)
+    changes = [t for t, _ in statuses[1:] if window[0] <= t <= window[1]]
+    seconds = window[1] - window[0]
+    told = max(float(k) for k in pst["intervals"])
+    lag = cm_lags(pst, statuses, since=wall0, until=pst["end"] - 2 * told)
+    return {
+        "variant": f"{pods} pods x {ranks} ranks",
+        "path": "pushed, the whole operator (this tree)",
+        "interval": float(max(pst["intervals"], key=lambda k: pst["intervals"][k])),
+        "requests_per_second": sum(pst["statuses"].values()) / (pst["end"] - pst["start"]),
+        "api_writes_per_second": len(changes) / seconds,  # status writes (TokenReviews aside)
         "writes_per_second": len(changes) / seconds,
         "cpu_percent": 100 * (cpu1 - cpu0) / seconds,
         "lag_p50": percentile(lag, 0.50),
@@ -611,7 +734,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("role", nargs="?", default="run", choices=["run", "_serve", "_post", "_cmpost"])
-    parser.add_argument("--variants", nargs="+", default=["128x8", "1024x1"], help="PODSxRANKS")
+    parser.add_argument("--variants", nargs="*", default=["128x8", "1024x1"], help="PODSxRANKS (none: skip)")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of posting per variant")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds left out of the CPU figure")
     parser.add_argument("--image-seconds", type=float, default=4.0, help="seconds per image per rank")
@@ -633,6 +756,10 @@ def main() -> int:
     parser.add_argument("--pods", type=int)
     parser.add_argument("--ranks", type=int)
     parser.add_argument("--port", type=int)
+    parser.add_argument("--sni")
+    parser.add_argument("--operator", nargs="*", default=[], metavar="PODSxRANKS",
+                        help="the same load through this tree's whole operator, its pods real objects of a "
+                             "real DiffusionJob on the test control plane, their tokens bound to them")
     args = parser.parse_args()
     if args.role == "_serve":
         return serve(args)
@@ -652,6 +779,10 @@ def main() -> int:
                 rows.append(run_variant(pods, ranks, args))
                 print(json.dumps(rows[-1], default=str), file=sys.stderr)
     side_by_side = []
+    for variant in args.operator:
+        pods, ranks = (int(x) for x in variant.split("x"))
+        side_by_side.append(run_operator_variant(pods, ranks, args))
+        print(json.dumps(side_by_side[-1], default=str), file=sys.stderr)
     for variant in args.configmap:
         pods, ranks = (int(x) for x in variant.split("x"))
         name = f"{pods} pods x {ranks} ranks"
