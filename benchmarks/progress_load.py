@@ -25,6 +25,13 @@ Targets: <= 1 status write per second per job, server CPU <= 10 % of one core, l
 each of this tree's runs, fed by the same posters, for `--rounds` rounds: a change to the server
 measured side by side. `--coalesce 0` turns off the loop's linger (progress/http1.py).
 
+`--operator 1024x1` runs the pushed path through the whole operator instead of the server alone:
+the test control plane, a real DiffusionJob of that many pods (kwok plays two GPU nodes: 16
+pods run, the rest stay Pending; all are pods the operator indexes and a token can be bound
+to), the posters with tokens bound to those pods, and the CPU of the operator's process (kopf,
+its watches and indexes, the reconciler's status writes, the endpoint). `--operator-rev REV`
+runs REV's operator beside it, interleaved over `--rounds`.
+
 Beside it, the path it replaces (`--configmap 1024x1`, on by default): the test control plane
 (hack/controlplane.py) and the operator of the commit before pushed progress
 (`--configmap-rev`, extracted with `git archive`, so this tree's code is not involved), one
@@ -592,11 +599,12 @@ def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> di
 # -- the pushed path through the whole operator ----------------------------------------------------
 
 
-def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace, rev: str | None = None) -> dict[str, Any]:
     """The pushed path through this tree's whole operator (kopf, its indexes, the reconciler's
-    status writes, the endpoint): a DiffusionJob of `pods` pods on the test control plane, whose
-    pods kwok plays (those that fit stay Running, the rest Pending: all are objects the operator
-    indexes and a token can be bound to), posted for with tokens bound to them."""
+    status writes, the endpoint), or REV's (git archive): a DiffusionJob of `pods` pods on the
+    test control plane, whose pods kwok plays (those that fit stay Running, the rest Pending: all
+    are objects the operator indexes and a token can be bound to), posted for with tokens bound
+    to them."""
     sys.path.insert(0, str(REPO / "hack"))
     import controlplane  # hack/controlplane.py
     import yaml
@@ -606,6 +614,13 @@ def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace) -> dic
     me = Path(__file__).resolve()
     with tempfile.TemporaryDirectory(prefix="muralist-progress-op-") as tmp:
         work = Path(tmp)
+        tree = REPO
+        if rev is not None:
+            tree = work / "tree"
+            tree.mkdir()
+            archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "cli", "operator", "runtime", "crds"],
+                                     check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         cp = controlplane.ControlPlane(controlplane.default_bin_dir(), work / "cluster")
         cp.start()
         operator: subprocess.Popen[bytes] | None = None
@@ -613,11 +628,11 @@ def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace) -> dic
             api = config.new_client_from_config(config_file=str(cp.kubeconfig))
             ext, core = client.ApiextensionsV1Api(api), client.CoreV1Api(api)
             custom = client.CustomObjectsApi(api)
-            ext.create_custom_resource_definition(yaml.safe_load((REPO / "crds" / "muralist.dev_diffusionjobs.yaml")
+            ext.create_custom_resource_definition(yaml.safe_load((tree / "crds" / "muralist.dev_diffusionjobs.yaml")
                                                                  .read_text()))
             port = controlplane.free_port()
             env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
-                   "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in ("cli", "operator", "runtime"))}
+                   "PYTHONPATH": os.pathsep.join(str(tree / d) for d in ("cli", "operator", "runtime"))}
             log = open(work / "operator.log", "wb")  # noqa: SIM115 (owned by the process)
             operator = subprocess.Popen(
                 [sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0", "--metrics-port", "0",
@@ -678,7 +693,7 @@ def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace) -> dic
     lag = cm_lags(pst, statuses, since=wall0, until=pst["end"] - 2 * told)
     return {
         "variant": f"{pods} pods x {ranks} ranks",
-        "path": "pushed, the whole operator (this tree)",
+        "path": f"pushed, the whole operator ({rev or 'this tree'})",
         "interval": float(max(pst["intervals"], key=lambda k: pst["intervals"][k])),
         "requests_per_second": sum(pst["statuses"].values()) / (pst["end"] - pst["start"]),
         "api_writes_per_second": len(changes) / seconds,  # status writes (TokenReviews aside)
@@ -760,6 +775,8 @@ def main() -> int:
     parser.add_argument("--operator", nargs="*", default=[], metavar="PODSxRANKS",
                         help="the same load through this tree's whole operator, its pods real objects of a "
                              "real DiffusionJob on the test control plane, their tokens bound to them")
+    parser.add_argument("--operator-rev", metavar="REV",
+                        help="--operator also through this commit's operator, interleaved over --rounds")
     args = parser.parse_args()
     if args.role == "_serve":
         return serve(args)
@@ -779,10 +796,12 @@ def main() -> int:
                 rows.append(run_variant(pods, ranks, args))
                 print(json.dumps(rows[-1], default=str), file=sys.stderr)
     side_by_side = []
-    for variant in args.operator:
-        pods, ranks = (int(x) for x in variant.split("x"))
-        side_by_side.append(run_operator_variant(pods, ranks, args))
-        print(json.dumps(side_by_side[-1], default=str), file=sys.stderr)
+    for _ in range(args.rounds if args.operator else 0):
+        for variant in args.operator:
+            pods, ranks = (int(x) for x in variant.split("x"))
+            for rev in ([args.operator_rev] if args.operator_rev else []) + [None]:
+                side_by_side.append(run_operator_variant(pods, ranks, args, rev))
+                print(json.dumps(side_by_side[-1], default=str), file=sys.stderr)
     for variant in args.configmap:
         pods, ranks = (int(x) for x in variant.split("x"))
         name = f"{pods} pods x {ranks} ranks"
@@ -797,10 +816,12 @@ def main() -> int:
           f"verification {'always on worker threads' if args.lookups_block else 'inline when the token is cached'}\n")
     print(table(rows))
     if side_by_side:
-        print(f"\nThe same load through the progress ConfigMap (every rank patches its key every "
-              f"{CM_INTERVAL_SECONDS:.0f} s; the operator watches the ConfigMap and writes status), beside the pushed "
-              "path. Pushed: API-server writes are the status writes (TokenReviews aside), CPU is the progress "
-              "server's process; ConfigMap: patches + status writes, CPU is the whole operator.\n")
+        print(f"\nThe same load through a whole operator on the test control plane: pushed (--operator, a real "
+              "job's pods and bound tokens) and through the progress ConfigMap (every rank patches its key every "
+              f"{CM_INTERVAL_SECONDS:.0f} s; the operator watches the ConfigMap and writes status). API-server writes: "
+              "the status writes (TokenReviews aside), plus the patches for the ConfigMap; CPU: the operator's "
+              "process, kopf included; lag: to the first status whose progress.completed includes the count. "
+              "'pushed (this tree)' is the server-only run above, for reference.\n")
         print(comparison(side_by_side))
     print(f"\n`uptime`: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     return 0
