@@ -61,6 +61,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from types import SimpleNamespace
@@ -277,14 +278,81 @@ def lags(posters: dict[str, Any], writes: list[tuple[float, list[int]]], since: 
     return sorted(out)
 
 
-def baseline_tree(rev: str, into: Path) -> Path:
-    """This benchmark and the operator as they were at `rev` (git archive): its `_serve` runs that
-    commit's server, fed by this tree's posters."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "benchmarks", "operator", "runtime"],
-                             check=True, capture_output=True).stdout
+def archived_tree(rev: str, into: Path, *paths: str) -> Path:
+    """`paths` of the repository as they were at `rev` (git archive), under `into`."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, *paths], check=True, capture_output=True).stdout
     into.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "benchmarks" / "progress_load.py"
+    return into
+
+
+def baseline_tree(rev: str, into: Path) -> Path:
+    """This benchmark and the operator as they were at `rev`: its `_serve` runs that commit's
+    server, fed by this tree's posters."""
+    return archived_tree(rev, into, "benchmarks", "operator", "runtime") / "benchmarks" / "progress_load.py"
+
+
+OPERATOR_PATHS = ("cli", "operator", "runtime", "crds")
+
+
+def start_operator(tree: Path, kubeconfig: Path, log_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Any]:
+    """`tree`'s CRD applied and its operator started against the test control plane (in a
+    process group of its own): the process and an API client."""
+    import yaml
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    crd = yaml.safe_load((tree / "crds" / "muralist.dev_diffusionjobs.yaml").read_text())
+    client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig),
+           "PYTHONPATH": os.pathsep.join(str(tree / d) for d in ("cli", "operator", "runtime"))}
+    with open(log_path, "wb") as log:  # the child keeps its own descriptor
+        operator = subprocess.Popen([sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0",
+                                     "--metrics-port", "0", *extra], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+    return operator, api
+
+
+@dataclass(frozen=True)
+class Window:
+    """The measured part of a run: after the warm-up until the posters are done."""
+
+    start: float
+    end: float
+    cpu: float  # seconds of CPU of the measured process(es) in it
+    load: tuple[Any, Any]  # os.getloadavg() before and after the run
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    def holds(self, moment: float) -> bool:
+        return self.start <= moment <= self.end
+
+
+def measured(role: str, role_args: list[str], cpu: Any, args: argparse.Namespace) -> Window:
+    """Run the posters (this file's `role`) to the end; `cpu()` is read after the warm-up and at the end."""
+    load_before = os.getloadavg()
+    posters = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), role, *role_args,
+                                "--duration", str(args.duration), "--image-seconds", str(args.image_seconds)])
+    time.sleep(args.warmup)
+    cpu0, start = cpu(), time.monotonic()
+    posters.wait()
+    cpu1, end = cpu(), time.monotonic()
+    return Window(start, end, cpu1 - cpu0, (load_before, os.getloadavg()))
+
+
+def lag_and_posts(pst: dict[str, Any], lag: list[float]) -> dict[str, Any]:
+    """What every row says of the lag (sorted) and of the posts as the posters saw them."""
+    return {
+        "lag_p50": percentile(lag, 0.50),
+        "lag_p95": percentile(lag, 0.95),
+        "lag_max": lag[-1] if lag else float("nan"),
+        "lag_samples": len(lag),
+        "post_p50_ms": 1000 * pst["latency_p50"],
+        "post_p95_ms": 1000 * pst["latency_p95"],
+        "non_2xx": {k: v for k, v in pst["statuses"].items() if not k.startswith("2")} | pst["errors"],
+    }
 
 
 def run_variant(pods: int, ranks: int, args: argparse.Namespace, server_script: Path | None = None,
@@ -312,14 +380,7 @@ def run_variant(pods: int, ranks: int, args: argparse.Namespace, server_script: 
             if server.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("the server process did not start")
             time.sleep(0.05)
-        load_before = os.getloadavg()
-        posters = subprocess.Popen([sys.executable, str(me), "_post", *common, "--port", port_file.read_text(),
-                                    "--duration", str(args.duration), "--image-seconds", str(args.image_seconds)])
-        time.sleep(args.warmup)
-        cpu0, wall0 = cpu_seconds(server.pid), time.monotonic()
-        posters.wait()
-        cpu1, wall1 = cpu_seconds(server.pid), time.monotonic()
-        load_after = os.getloadavg()
+        window = measured("_post", [*common, "--port", port_file.read_text()], lambda: cpu_seconds(server.pid), args)
         server.send_signal(signal.SIGTERM)
         server.wait(30)
         srv = json.loads((out / "server.json").read_text())
@@ -328,35 +389,28 @@ def run_variant(pods: int, ranks: int, args: argparse.Namespace, server_script: 
     # moments the snapshot was made (when the status to write held the count).
     asked = [a for a, _, _ in srv["writes"]]
     writes = [(t, done) for _, t, done in srv["writes"]]
-    window = (wall0, wall1)
-    in_window = [t for t in asked if window[0] <= t <= window[1]]
+    in_window = [t for t in asked if window.holds(t)]
     gaps = [b - a for a, b in itertools.pairwise(in_window)]
     last_rate = [r for (t, _), r in zip(writes, srv["rates"], strict=True) if t <= pst["end"]][-1]
     # Counts reached after the last full interval cannot be in any write yet: leave them out.
-    lag = lags(pst, writes, since=wall0, until=pst["end"] - 2 * max(float(k) for k in pst["intervals"]))
+    lag = lags(pst, writes, since=window.start, until=pst["end"] - 2 * max(float(k) for k in pst["intervals"]))
     requests = sum(pst["statuses"].values())
-    posts_in_window = sum(1 for t in pst["sent"] if window[0] <= t <= window[1])
+    posts_in_window = sum(1 for t in pst["sent"] if window.holds(t))
     return {
         "variant": f"{pods} pods x {ranks} ranks",
         "server": label,
-        "cpu_ms_per_post": 1000 * (cpu1 - cpu0) / max(1, posts_in_window),
+        "cpu_ms_per_post": 1000 * window.cpu / max(1, posts_in_window),
         "interval": float(max(pst["intervals"], key=lambda k: pst["intervals"][k])),  # what most posts were told
         "requests_per_second": requests / (pst["end"] - pst["start"]),
         "writes_per_second": len(gaps) / sum(gaps) if gaps else 0.0,
         "min_write_gap": min(gaps, default=float("nan")),
-        "cpu_percent": 100 * (cpu1 - cpu0) / (wall1 - wall0),
-        "lag_p50": percentile(lag, 0.50),
-        "lag_p95": percentile(lag, 0.95),
-        "lag_max": lag[-1] if lag else float("nan"),
-        "lag_samples": len(lag),
-        "post_p50_ms": 1000 * pst["latency_p50"],
-        "post_p95_ms": 1000 * pst["latency_p95"],
-        "non_2xx": {k: v for k, v in pst["statuses"].items() if not k.startswith("2")} | pst["errors"],
+        "cpu_percent": 100 * window.cpu / window.seconds,
+        **lag_and_posts(pst, lag),
         "reviews": srv["reviews"],
         "connections": srv["connections"],
         "images_per_second": last_rate,
         "expected_images_per_second": pods * ranks / args.image_seconds,
-        "load": (load_before, load_after),
+        "load": window.load,
     }
 
 
@@ -508,33 +562,18 @@ def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> di
     """1,024 ranks (pods x ranks) through the progress ConfigMap and the previous operator."""
     sys.path.insert(0, str(REPO / "hack"))
     import controlplane  # hack/controlplane.py
-    import yaml
-    from kubernetes import client, config
+    from kubernetes import client
 
     total_ranks = pods * ranks
-    me = Path(__file__).resolve()
     with tempfile.TemporaryDirectory(prefix="muralist-progress-cm-") as tmp:
         work = Path(tmp)
-        old = work / "old"
-        old.mkdir()
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.configmap_rev, "cli", "operator", "runtime",
-                                  "crds"], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        old = archived_tree(args.configmap_rev, work / "old", *OPERATOR_PATHS)
         cp = controlplane.ControlPlane(controlplane.default_bin_dir(), work / "cluster")
         cp.start()
         operator: subprocess.Popen[bytes] | None = None
         try:
-            api = config.new_client_from_config(config_file=str(cp.kubeconfig))
-            ext, core = client.ApiextensionsV1Api(api), client.CoreV1Api(api)
-            custom = client.CustomObjectsApi(api)
-            ext.create_custom_resource_definition(yaml.safe_load((old / "crds" / "muralist.dev_diffusionjobs.yaml")
-                                                                 .read_text()))
-            env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
-                   "PYTHONPATH": os.pathsep.join(str(old / d) for d in ("cli", "operator", "runtime"))}
-            log = open(work / "operator.log", "wb")  # noqa: SIM115 (owned by the process)
-            operator = subprocess.Popen([sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0",
-                                         "--metrics-port", "0"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+            operator, api = start_operator(old, cp.kubeconfig, work / "operator.log")
+            core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
             core.create_namespace({"metadata": {"name": NAMESPACE}})
             dj = {"apiVersion": "muralist.dev/v1alpha1", "kind": "DiffusionJob", "metadata": {"name": JOB},
                   "spec": {"model": {"name": "muralist/tiny-flux"},
@@ -555,27 +594,20 @@ def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> di
             statuses: list[tuple[float, int]] = []  # (seen, status.progress.completed)
             stop = threading.Event()
             threading.Thread(target=watch_progress, args=(custom, statuses, stop), daemon=True).start()
-            load_before = os.getloadavg()
-            posters = subprocess.Popen([sys.executable, str(me), "_cmpost", "--dir", tmp, "--ranks", str(total_ranks),
-                                        "--kubeconfig", str(cp.kubeconfig), "--duration", str(args.duration),
-                                        "--image-seconds", str(args.image_seconds)])
-            time.sleep(args.warmup)
-            cpu0, wall0 = process_cpu(operator.pid), time.monotonic()
-            posters.wait()
-            cpu1, wall1 = process_cpu(operator.pid), time.monotonic()
-            load_after = os.getloadavg()
+            pid = operator.pid
+            window = measured("_cmpost", ["--dir", tmp, "--ranks", str(total_ranks), "--kubeconfig",
+                                          str(cp.kubeconfig)], lambda: process_cpu(pid), args)
             time.sleep(2 * CM_INTERVAL_SECONDS)  # what the operator still had queued
             stop.set()
             pst = json.loads((work / "posters.json").read_text())
         finally:
             stop_process_group(operator)
             cp.stop()
-    window = (wall0, wall1)
-    patches = sum(1 for t in pst["ok_times"] if window[0] <= t <= window[1])
+    patches = sum(1 for t in pst["ok_times"] if window.holds(t))
     # The job's spec never changes here: every event after the first is a status write.
-    changes = [t for t, _ in statuses[1:] if window[0] <= t <= window[1]]
-    seconds = window[1] - window[0]
-    lag = cm_lags(pst, statuses, since=wall0, until=pst["end"] - 2 * CM_INTERVAL_SECONDS)
+    changes = [t for t, _ in statuses[1:] if window.holds(t)]
+    seconds = window.seconds
+    lag = cm_lags(pst, statuses, since=window.start, until=pst["end"] - 2 * CM_INTERVAL_SECONDS)
     requests = sum(pst["statuses"].values())
     return {
         "variant": f"{pods} pods x {ranks} ranks",
@@ -584,15 +616,9 @@ def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> di
         "requests_per_second": requests / (pst["end"] - pst["start"]),
         "api_writes_per_second": (patches + len(changes)) / seconds,
         "writes_per_second": len(changes) / seconds,
-        "cpu_percent": 100 * (cpu1 - cpu0) / seconds,
-        "lag_p50": percentile(lag, 0.50),
-        "lag_p95": percentile(lag, 0.95),
-        "lag_max": lag[-1] if lag else float("nan"),
-        "lag_samples": len(lag),
-        "post_p50_ms": 1000 * pst["latency_p50"],
-        "post_p95_ms": 1000 * pst["latency_p95"],
-        "non_2xx": {k: v for k, v in pst["statuses"].items() if not k.startswith("2")} | pst["errors"],
-        "load": (load_before, load_after),
+        "cpu_percent": 100 * window.cpu / seconds,
+        **lag_and_posts(pst, lag),
+        "load": window.load,
     }
 
 
@@ -607,38 +633,21 @@ def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace, rev: s
     to them."""
     sys.path.insert(0, str(REPO / "hack"))
     import controlplane  # hack/controlplane.py
-    import yaml
-    from kubernetes import client, config
+    from kubernetes import client
     from muralist_runtime.spec import contract
 
-    me = Path(__file__).resolve()
     with tempfile.TemporaryDirectory(prefix="muralist-progress-op-") as tmp:
         work = Path(tmp)
-        tree = REPO
-        if rev is not None:
-            tree = work / "tree"
-            tree.mkdir()
-            archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "cli", "operator", "runtime", "crds"],
-                                     check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        tree = REPO if rev is None else archived_tree(rev, work / "tree", *OPERATOR_PATHS)
         cp = controlplane.ControlPlane(controlplane.default_bin_dir(), work / "cluster")
         cp.start()
         operator: subprocess.Popen[bytes] | None = None
         try:
-            api = config.new_client_from_config(config_file=str(cp.kubeconfig))
-            ext, core = client.ApiextensionsV1Api(api), client.CoreV1Api(api)
-            custom = client.CustomObjectsApi(api)
-            ext.create_custom_resource_definition(yaml.safe_load((tree / "crds" / "muralist.dev_diffusionjobs.yaml")
-                                                                 .read_text()))
             port = controlplane.free_port()
-            env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
-                   "PYTHONPATH": os.pathsep.join(str(tree / d) for d in ("cli", "operator", "runtime"))}
-            log = open(work / "operator.log", "wb")  # noqa: SIM115 (owned by the process)
-            operator = subprocess.Popen(
-                [sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0", "--metrics-port", "0",
-                 "--operator-namespace", "default", "--progress-port", str(port),
-                 "--progress-url", f"https://localhost:{port}", "--progress-tls-name", "localhost"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            operator, api = start_operator(tree, cp.kubeconfig, work / "operator.log", "--operator-namespace",
+                                           "default", "--progress-port", str(port), "--progress-url",
+                                           f"https://localhost:{port}", "--progress-tls-name", "localhost")
+            core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
             core.create_namespace({"metadata": {"name": NAMESPACE}})
             # promptsFrom: the operator does not know the total, so the pods' (1,000,000) stands.
             core.create_namespaced_config_map(NAMESPACE, {"metadata": {"name": "prompts"},
@@ -671,26 +680,19 @@ def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace, rev: s
             stop = threading.Event()
             threading.Thread(target=watch_progress, args=(custom, statuses, stop), daemon=True).start()
             time.sleep(5)  # the pods' events settle (kwok starting the ones that fit)
-            load_before = os.getloadavg()
-            posters = subprocess.Popen([sys.executable, str(me), "_post", "--dir", tmp, "--pods", str(pods),
-                                        "--ranks", str(ranks), "--port", str(port), "--sni", "localhost",
-                                        "--duration", str(args.duration), "--image-seconds", str(args.image_seconds)])
-            time.sleep(args.warmup)
-            cpu0, wall0 = process_cpu(operator.pid), time.monotonic()
-            posters.wait()
-            cpu1, wall1 = process_cpu(operator.pid), time.monotonic()
-            load_after = os.getloadavg()
+            pid = operator.pid
+            window = measured("_post", ["--dir", tmp, "--pods", str(pods), "--ranks", str(ranks), "--port", str(port),
+                                        "--sni", "localhost"], lambda: process_cpu(pid), args)
             time.sleep(3)  # the last status write
             stop.set()
             pst = json.loads((work / "posters.json").read_text())
         finally:
             stop_process_group(operator)
             cp.stop()
-    window = (wall0, wall1)
-    changes = [t for t, _ in statuses[1:] if window[0] <= t <= window[1]]
-    seconds = window[1] - window[0]
+    changes = [t for t, _ in statuses[1:] if window.holds(t)]
+    seconds = window.seconds
     told = max(float(k) for k in pst["intervals"])
-    lag = cm_lags(pst, statuses, since=wall0, until=pst["end"] - 2 * told)
+    lag = cm_lags(pst, statuses, since=window.start, until=pst["end"] - 2 * told)
     return {
         "variant": f"{pods} pods x {ranks} ranks",
         "path": f"pushed, the whole operator ({rev or 'this tree'})",
@@ -698,15 +700,9 @@ def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace, rev: s
         "requests_per_second": sum(pst["statuses"].values()) / (pst["end"] - pst["start"]),
         "api_writes_per_second": len(changes) / seconds,  # status writes (TokenReviews aside)
         "writes_per_second": len(changes) / seconds,
-        "cpu_percent": 100 * (cpu1 - cpu0) / seconds,
-        "lag_p50": percentile(lag, 0.50),
-        "lag_p95": percentile(lag, 0.95),
-        "lag_max": lag[-1] if lag else float("nan"),
-        "lag_samples": len(lag),
-        "post_p50_ms": 1000 * pst["latency_p50"],
-        "post_p95_ms": 1000 * pst["latency_p95"],
-        "non_2xx": {k: v for k, v in pst["statuses"].items() if not k.startswith("2")} | pst["errors"],
-        "load": (load_before, load_after),
+        "cpu_percent": 100 * window.cpu / seconds,
+        **lag_and_posts(pst, lag),
+        "load": window.load,
     }
 
 
