@@ -224,20 +224,23 @@ class ClaimClient:
     def _call(self, op: Callable[[Any], Any]) -> Any:
         if self.op_timeout_s is None:
             if self._store is None:
-                self._store = self._connect()
+                self._store = self._adopt(self._connect())
             return op(self._store)
         if self._worker is None:
             self._worker = _Worker()
         if self._store is None:
             # The constructor has its own timeout, overshot by its back-off: allow for both.
-            self._store = self._worker.call(self._connect, 2 * self.connect_timeout_s + 1)
+            self._store = self._adopt(self._worker.call(self._connect, 2 * self.connect_timeout_s + 1))
         store = self._store
         return self._worker.call(lambda: op(store), self.op_timeout_s)
 
     def _connect(self) -> Any:
         from torch.distributed import TCPStore
 
-        store = TCPStore(self.host, self.port, None, False, _timedelta(self.connect_timeout_s))
+        return TCPStore(self.host, self.port, None, False, _timedelta(self.connect_timeout_s))
+
+    def _adopt(self, store: Any) -> Any:
+        """Count a connection this client uses (not one an abandoned worker made too late)."""
         if self._connected_once:
             self.reconnects += 1
         self._connected_once = True

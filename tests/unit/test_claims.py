@@ -145,6 +145,35 @@ def test_a_killed_server_restarted_on_its_port_is_claimed_from_zero(caplog: pyte
         proc.wait()
 
 
+def test_a_connection_given_up_on_is_not_counted_when_it_comes_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under load a connection attempt can outlive the client's wait for it: the client moves on
+    # to a new attempt, and the abandoned one may still succeed later. CI saw it counted as a
+    # second reconnect.
+    import torch.distributed as dist
+
+    release, made = threading.Event(), []
+
+    class SlowThenFast:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(self)
+            if len(made) == 1:
+                release.wait(30)  # longer than the client waits for a connection
+
+        def add(self, key: str, amount: int) -> int:
+            return 1
+
+    monkeypatch.setattr(dist, "TCPStore", SlowThenFast)
+    before = set(threading.enumerate())
+    client = ClaimClient(HOST, 1234, "job", connect_timeout_s=0.01, sleep=lambda s: None)
+    assert client.next_chunk() == 0  # from the second attempt's store
+    release.set()  # the first attempt now succeeds, too late
+    client.close()
+    for thread in set(threading.enumerate()) - before:
+        thread.join(5)
+    assert len(made) == 2
+    assert client.reconnects == 0
+
+
 def test_a_client_started_before_the_server_waits_for_it() -> None:
     port = free_port()
     retries = Retries()
