@@ -226,7 +226,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         if len(branches) == 1:
             return _structural({**branches[0], **rest}, defs)
         if rest.get("x-kubernetes-int-or-string"):  # a count or a percentage (runPolicy.maxFailedItems)
-            return {"description": rest.get("description", ""), "x-kubernetes-int-or-string": True}
+            default = {"default": rest["default"]} if "default" in rest else {}
+            return {"description": rest.get("description", ""), **default, "x-kubernetes-int-or-string": True}
         # A string or an object (prompts): the API server keeps it as is, the operator checks it.
         return {"description": rest.get("description", ""), "x-kubernetes-preserve-unknown-fields": True}
     out: dict[str, Any] = {}

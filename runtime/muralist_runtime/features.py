@@ -156,7 +156,9 @@ def _check_timesteps(pipe: Any, scheduler: Any, name: str) -> None:
     takes them: diffusers' retrieve_timesteps raises at the first image otherwise."""
     try:
         source = inspect.getsource(type(pipe).__call__)
-    except (OSError, TypeError):
+    except (OSError, TypeError) as e:
+        log.warning("%s: cannot read %s.__call__'s source (%s); not checking that %s takes the sigmas or mu it "
+                    "may pass", f"{SCHEDULER_FIELD}.name", type(pipe).__name__, e, name)
         return
     takes = inspect.signature(scheduler.set_timesteps).parameters
     kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())

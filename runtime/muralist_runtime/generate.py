@@ -4,7 +4,7 @@ Only a group's first rank claims, writes and counts; it shares each chunk's item
 its group (the other ranks render the same items with it). An item fails on its own — a row
 that could not be read, an input image that is missing or unreadable, an output with NaN
 values, an exception or out-of-memory error of a group of one — and is recorded with its
-reason; the job fails instead once more items failed than runPolicy.maxFailedItems allows.
+reason; when a chunk ends, item_failures decides whether the failures so far fail the job.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .spec.contract import PermanentFailure
 from .spec.items import Item
 
 log = logging.getLogger("muralist")
@@ -28,7 +27,6 @@ class ChunkRun:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)  # keys submitted to the writer threads, in order
     done: dict[str, Any] = field(default_factory=dict)  # written by the threads, not yet added
-    failures: list[str] = field(default_factory=list)
 
 
 def chunk_stream(job: Any, state: Any) -> Any:
@@ -42,9 +40,8 @@ def chunk_stream(job: Any, state: Any) -> Any:
         if knobs.static_plan():
             own = work.static_chunks(job.work, layout.group_index, layout.dp_degree)
         else:
-            tally = work.Tally(state.claims, lambda c: _failed_in(job, c))
             own = work.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
-                                      tally)
+                                      _tally(job, state))
     while True:
         try:
             step = next(own, None) if own is not None else None
@@ -70,11 +67,31 @@ def _finished(job: Any, chunk: int) -> bool:
 
 
 def _failed_in(job: Any, chunk: int) -> int:
+    return _part_counts(job, chunk)[1]
+
+
+def _part_counts(job: Any, chunk: int) -> tuple[int, int, list[str]]:
+    """A finished chunk's work.ChunkCounts, from its part file."""
     from pathlib import Path
 
     from .outputs import read_part
 
-    return sum(e.get("status") == "failed" for e in read_part(Path(job.runtime.output_dir), chunk) or [])
+    return _counts(read_part(Path(job.runtime.output_dir), chunk) or [])
+
+
+def _counts(entries: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
+    """Completed items, failed items, and the first failed ones described (work.ChunkCounts)."""
+    from .item_failures import NAMED, describe_item
+
+    failed = [e for e in entries if e.get("status") == "failed"]
+    return len(entries) - len(failed), len(failed), [describe_item(e.get("key", "?"), e.get("id"), e.get("error"))
+                                                     for e in failed[:NAMED]]
+
+
+def _tally(job: Any, state: Any) -> Any:
+    from . import work
+
+    return work.Tally(state.claims, lambda c: _part_counts(job, c))
 
 
 def generate(job: Any, pipe: Any, state: Any) -> None:
@@ -114,14 +131,14 @@ def _todo(job: Any, state: Any, chunk: int, sweeping: bool) -> tuple[list[Item],
 
 
 def run_chunk(job: Any, pipe: Any, state: Any, chunk: int, sweeping: bool) -> int:
-    from . import knobs, work
+    from . import knobs
     from .outputs import failed_entry
 
     finished = state.world.share_in_group(
         _finished(job, chunk) and _failed_in(job, chunk) == 0 if state.layout is not None else None)
     if finished:  # done whole by an earlier attempt: count it, render nothing
         if state.layout is not None:
-            work.Tally(state.claims).count(chunk)
+            _tally(job, state).count(chunk)
         return 0
     todo, run = _todo(job, state, chunk, sweeping)
     test = knobs.TestKnobs.from_env()
@@ -135,7 +152,6 @@ def run_chunk(job: Any, pipe: Any, state: Any, chunk: int, sweeping: bool) -> in
                 continue
             if reason is not None:
                 run.entries[item.key] = failed_entry(job.runtime, item, state.world.layout.rank, reason)
-                run.failures.append(f"{item.key}{f' ({item.id})' if item.id else ''}: {reason}")
                 state.progress.item_done(item.key, "failed", 0.0)
                 continue
             state.background.submit(chunk, item, image, seconds)
@@ -213,7 +229,7 @@ def _add_written(state: Any, run: ChunkRun, test: Any) -> None:
 
 
 def _end_chunk(job: Any, state: Any, run: ChunkRun, test: Any) -> None:
-    from . import work
+    from . import item_failures
     from .outputs import write_part
 
     state.background.wait_idle()
@@ -222,10 +238,9 @@ def _end_chunk(job: Any, state: Any, run: ChunkRun, test: Any) -> None:
     state.layout.end_chunk(run.chunk)
     entries = sorted(run.entries.values(), key=lambda e: e["index"])
     write_part(state.layout.root, run.chunk, entries)
-    failed_total = work.Tally(state.claims).finished(run.chunk, sum(e.get("status") == "failed" for e in entries))
-    limit = job.runtime.spec.run_policy.failed_items_limit(job.work.total_items)
-    if limit is not None and failed_total > limit:
-        raise PermanentFailure(
-            "spec.runPolicy.maxFailedItems",
-            f"{failed_total} items failed, more than the {limit} allowed; here: {'; '.join(run.failures[:5]) or '-'}",
-        )
+    completed, failed, failures = _counts(entries)
+    tally = _tally(job, state)
+    verdict = item_failures.chunk_verdict(tally.finished(run.chunk, completed, failed, failures),
+                                          job.runtime.spec.run_policy, job.work.total_items)
+    if verdict is not None:
+        raise item_failures.failure(verdict, tally.first_failures() or failures)

@@ -281,7 +281,7 @@ def summarise(job: Job, state: RunState) -> None:
 
 
 def merge_outputs(job: Job, state: RunState) -> None:
-    from . import merge, progress, work
+    from . import item_failures, merge, progress, work
 
     layout = state.world.layout
     start = time.perf_counter()
@@ -298,6 +298,10 @@ def merge_outputs(job: Job, state: RunState) -> None:
                          caption)
     state.jobfile.write(layout.describe(), state.timings, {"items": counts})
     log.info("%s of %d items in %s", counts, job.work.total_items, state.jobfile.root)
+    failed = counts.get("failed", 0)
+    verdict = item_failures.merge_verdict(sum(counts.values()) - failed, failed)
+    if verdict is not None:  # merged all the same: the manifest and the gallery say why each failed
+        raise item_failures.failure(verdict, merge.first_failed(state.jobfile.root, job.work.chunks))
 
 
 def run(spec_path: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,14 @@ INDEX_COLUMNS = ("index", "id", "key", "prompt", "seed", "shard", "status", "sec
 def entries(root: Path, chunks: int) -> Iterator[dict[str, Any]]:
     for chunk in range(chunks):
         yield from read_part(root, chunk) or []
+
+
+def first_failed(root: Path, chunks: int) -> list[str]:
+    """The first failed items in item order, described (item_failures.NAMED of them)."""
+    from .item_failures import NAMED, describe_item
+
+    failed = (e for e in entries(root, chunks) if e.get("status") == "failed")
+    return [describe_item(e.get("key", "?"), e.get("id"), e.get("error")) for e in islice(failed, NAMED)]
 
 
 def index_row(entry: dict[str, Any]) -> dict[str, Any]:

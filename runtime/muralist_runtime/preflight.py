@@ -7,10 +7,17 @@ diffusers two things that only its classes know, without loading any weights: wh
 transformer's `_cp_plan` splits (Flux: image and text tokens; Wan: only the video tokens), and
 the pipeline's defaults for `num_frames` and `max_sequence_length`. Importing this module
 loads no torch: diffusers is imported only when a class is looked up.
+
+The pre-flight is a head start, not a gate: when a config cannot be read (a gated repo without
+a token, a network error, a file that is not JSON) it is skipped, and says so once, naming the
+model and the error; loading the weights then reports the real problem. A config that the
+model simply does not have (a local folder or a hub repo without that file) is not an error:
+that is logged at debug level only.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -36,19 +43,41 @@ log = logging.getLogger("muralist")
 # -- reading the configs (local directory or small hub downloads) ------------------------------
 
 
+class ConfigUnreadable(Exception):
+    """A config file that may well exist but could not be read; the message says which and why."""
+
+
 def read_json(source: str, filename: str, subfolder: str = "", revision: str | None = None) -> dict[str, Any] | None:
-    """`<subfolder>/<filename>` of a local model directory or a hub repo; None when absent."""
+    """`<subfolder>/<filename>` of a local model directory or a hub repo; None when the model has
+    no such file. Raises ConfigUnreadable when it could not be read."""
+    name = f"{subfolder}/{filename}" if subfolder else filename
     if Path(source).is_dir():
         local = Path(source) / subfolder / filename
-        return json.loads(local.read_text()) if local.is_file() else None
-    try:
+        if not local.is_file():
+            return None
+        path = local
+    else:
         from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
-        path = hf_hub_download(source, filename, subfolder=subfolder or None, revision=revision,
-                               token=os.environ.get("HF_TOKEN") or None)
-    except Exception:  # no config, no check: loading reports the real error
-        return None
-    return json.loads(Path(path).read_text())
+        try:
+            path = Path(hf_hub_download(source, filename, subfolder=subfolder or None, revision=revision,
+                                        token=os.environ.get("HF_TOKEN") or None))
+        except EntryNotFoundError as e:
+            if isinstance(e, LocalEntryNotFoundError):  # not cached, and the hub not reachable
+                raise ConfigUnreadable(f"{name}: {_error(e)}") from e
+            return None  # the repo has no such file
+        except Exception as e:  # gated or private without a token, a network error, a bad revision...
+            raise ConfigUnreadable(f"{name}: {_error(e)}") from e
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigUnreadable(f"{name}: {_error(e)}") from e
+
+
+def _error(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 def read_config(source: str, subfolder: str, revision: str | None = None) -> dict[str, Any] | None:
@@ -58,14 +87,19 @@ def read_config(source: str, subfolder: str, revision: str | None = None) -> dic
 # -- what diffusers' classes say -----------------------------------------------------------------
 
 
+@functools.cache
 def _diffusers_class(name: Any) -> Any:
+    """diffusers' class of that name; None when there is none (a custom class: no facts from it)
+    or it cannot be imported (an optional dependency missing: said once per class)."""
     if not isinstance(name, str) or not name:
         return None
     try:
         import diffusers
 
         return getattr(diffusers, name, None)
-    except Exception:  # an optional dependency of that class missing: no facts from it
+    except Exception as e:
+        log.warning("context-parallel pre-flight: cannot import diffusers.%s (%s); assuming its defaults and "
+                    "that its text sequence is split", name, _error(e))
         return None
 
 
@@ -101,13 +135,20 @@ def check_context_parallel(source: str, revision: str | None, generation: Genera
 
     `pipeline`: spec.model.pipeline, else the class model_index.json names.
     """
-    transformer = read_config(source, "transformer", revision)
-    vae = read_config(source, "vae", revision)
-    if transformer is None or vae is None:
+    try:
+        transformer = read_config(source, "transformer", revision)
+        vae = read_config(source, "vae", revision)
+        if transformer is None or vae is None:
+            log.debug("context-parallel pre-flight: model %r has no %s config; nothing to check", source,
+                      "transformer" if transformer is None else "vae")
+            return Verdict([])
+        if not pipeline:
+            index = read_json(source, "model_index.json", revision=revision) or {}
+            pipeline = index.get("_class_name")
+    except ConfigUnreadable as e:
+        log.warning("context-parallel pre-flight skipped for model %r: cannot read %s; the sequence lengths are "
+                    "not checked before the weights load (which reports its own error)", source, e)
         return Verdict([])
-    if not pipeline:
-        index = read_json(source, "model_index.json", revision=revision) or {}
-        pipeline = index.get("_class_name")
     spatial, temporal = vae_scales(vae)
     patch = patch_size(transformer)
     frames = 1

@@ -12,9 +12,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from .sources import Columns, Row, RowSource, SourceError
+from .sources import Columns, MissingColumn, Row, RowSource, SourceError
 from .spec.api import Generation
 from .spec.contract import PermanentFailure
+from .spec.data import Dataset
 from .spec.items import Item, row_items
 from .spec.resolved import RuntimeSpec
 
@@ -68,15 +69,19 @@ def inline_rows(runtime: RuntimeSpec) -> InlineRows:
 class DatasetRows:
     """spec.dataset through sources.RowSource: counted once, read forward by ranges."""
 
-    def __init__(self, source: RowSource, start: int):
+    def __init__(self, source: RowSource, dataset: Dataset):
         self._source = source
-        self.start = start
+        self._dataset = dataset
+        self.start = dataset.start
 
     def count(self) -> int:
         return self._source.count()
 
     def rows(self, begin: int, end: int) -> Iterator[Row]:
-        return self._source.rows(begin, end)
+        try:
+            yield from self._source.rows(begin, end)
+        except SourceError as e:  # a later file of a folder that lacks a column: no retry helps
+            raise source_failure(self._dataset, self._source.path, e) from None
 
     def close(self) -> None:
         self._source.close()
@@ -92,13 +97,26 @@ def dataset_rows(runtime: RuntimeSpec) -> DatasetRows:
                       strength=c.strength, id=c.id)
     path = Path(runtime.dataset_dir) / dataset.path
     try:
+        # The first file's header, schema or first rows against every mapped column, then the
+        # count: before any item renders and before any weight loads.
         source = RowSource(path, dataset.format, columns, dataset.start, dataset.end)
-        source.count()  # a missing column or an unknown format shows here, before any weight loads
+        source.count()
     except SourceError as e:
-        raise PermanentFailure("spec.dataset", str(e)) from None
+        raise source_failure(dataset, path, e) from None
     except OSError as e:
         raise PermanentFailure("spec.dataset.path", f"cannot read {path}: {e.strerror or e}") from None
-    return DatasetRows(source, dataset.start)
+    return DatasetRows(source, dataset)
+
+
+def source_failure(dataset: Dataset, path: Path, e: SourceError) -> PermanentFailure:
+    """A source (at `path`) that cannot be read as mapped: a missing column names the mapping
+    to change (`spec.dataset.columns.prompt: no column 'text'; columns: uid, caption, seed`)."""
+    if not isinstance(e, MissingColumn):
+        return PermanentFailure("spec.dataset", str(e))
+    fields = type(dataset.columns).model_fields
+    name = next(n for n in fields if getattr(dataset.columns, n) == e.column)
+    return PermanentFailure(f"spec.dataset.columns.{fields[name].alias or name}",
+                            e.detail(e.path.name if e.path != path else ""))
 
 
 def open_rows(runtime: RuntimeSpec) -> Rows:

@@ -13,10 +13,10 @@ or one claimed before the store restarted. Two groups on one chunk (a rare race,
 restart) render an item at most twice and write it idempotently. Seeds are a function of the
 item only, so which group renders an item never changes its pixels.
 
-The store also counts finished chunks and failed items; the first pod's first rank waits until
-every chunk is finished, then merges the outputs (merge.py). If the first pod restarts, the
-store starts from zero: every chunk is claimed again, and chunks done on disk are counted and
-skipped at once.
+The store also counts finished chunks, completed and failed items (item_failures.py decides
+from them when failed items fail the job); the first pod's first rank waits until every chunk
+is finished, then merges the outputs (merge.py). If the first pod restarts, the store starts
+from zero: every chunk is claimed again, and chunks done on disk are counted and skipped at once.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from . import item_failures
 from .claims import ClaimClient
+from .item_failures import JobTally
 from .spec import contract
 from .spec.api import DiffusionJobSpec
 
@@ -118,24 +120,40 @@ def static_chunks(plan: WorkPlan, group: int, groups: int) -> Iterator[tuple[int
         yield chunk, False
 
 
+# A finished chunk's items: completed (rendered or kept), failed, and the failed ones described.
+ChunkCounts = tuple[int, int, list[str]]
+
+
 class Tally:
-    """The store's job-wide counters: chunks finished (each counted once), items failed."""
+    """The store's job-wide counters: chunks finished (each counted once), items completed and
+    failed, and the first failed items described (item_failures applies its rules to them)."""
 
-    def __init__(self, client: ClaimClient, failed_of: Callable[[int], int] | None = None):
+    def __init__(self, client: ClaimClient, counts_of: Callable[[int], ChunkCounts] | None = None):
         self.client = client
-        self.failed_of = failed_of  # a finished chunk's failed items, from its part file
+        self.counts_of = counts_of  # a finished chunk's counts, from its part file
 
-    def finished(self, chunk: int, failed: int) -> int:
-        """Count a finished chunk once per store life; returns the job's failed items so far."""
-        if self.client.add(f"done/{chunk}", 1) == 1:
-            self.client.add("done", 1)
-            return self.client.add("failed", failed)
-        return self.client.add("failed", 0)
+    def finished(self, chunk: int, completed: int, failed: int, failures: list[str] | None = None) -> JobTally:
+        """Count a finished chunk once per store life; returns the job's counters so far."""
+        if self.client.add(f"done/{chunk}", 1) != 1:
+            return JobTally(self.client.add("done", 0), self.client.add("completed", 0), self.client.add("failed", 0))
+        failed_total = self.client.add("failed", failed)
+        if failures and failed_total - failed < item_failures.NAMED:
+            self.client.append("failures", "".join(f"{line}\n" for line in failures[:item_failures.NAMED]))
+        # Completed before done: whoever counts the K-th chunk sees the completed items of all K.
+        completed_total = self.client.add("completed", completed)
+        chunks = self.client.add("done", 1)
+        if completed_total == 0:
+            completed_total = self.client.add("completed", 0)
+        return JobTally(chunks, completed_total, failed_total)
 
     def count(self, chunk: int) -> None:
         """Count a chunk found finished on disk, unless it is counted already."""
         if self.client.add(f"done/{chunk}", 0) == 0:
-            self.finished(chunk, self.failed_of(chunk) if self.failed_of else 0)
+            self.finished(chunk, *(self.counts_of(chunk) if self.counts_of else (0, 0, [])))
+
+    def first_failures(self) -> list[str]:
+        """The first failed items counted in this store's life, described (at most NAMED)."""
+        return [line for line in self.client.text("failures").splitlines() if line][:item_failures.NAMED]
 
     def wait_all(self, chunks: int, on_wait: Callable[[int], None] | None = None) -> None:
         """Until every chunk of the job is finished (the first pod's merge waits for the others)."""

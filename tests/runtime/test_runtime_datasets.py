@@ -44,6 +44,8 @@ def dataset_job(dataset: Path, processes: int = 1, nodes: int = 1, **fields) -> 
     job.pop("prompts")
     job["dataset"] = {"volume": {"hostPath": {"path": str(dataset)}}, "path": "rows.jsonl",
                       "columns": {"prompt": "prompt", "seed": "seed", "id": "id"}}
+    # The bad rows are the point of these tests: more than the default 1% of 8 items tolerates.
+    job["runPolicy"] = {"maxFailedItems": len(BAD)}
     job.update(fields)
     return job
 
@@ -91,13 +93,75 @@ def test_two_ranks_render_the_same_data_set_byte_for_byte(tmp_path: Path, runtim
 def test_more_failures_than_allowed_fail_the_job_and_name_them(tmp_path: Path, runtime_env, dataset: Path) -> None:
     out = tmp_path / "strict"
     job = dataset_job(dataset)
-    job["runPolicy"] = {"maxFailedItems": 0}
+    del job["runPolicy"]  # the default, 1%: none of 8 items may fail
     run = torchrun(spec_json(job, out, dataset), out, runtime_env, 1, extra_env=NAN)
     assert run.returncode == contract.PERMANENT_FAILURE_EXIT_CODE
     assert run.termination["permanent"] is True
-    message = run.termination["message"]
-    assert message.startswith("spec.runPolicy.maxFailedItems: 1 items failed, more than the 0 allowed"), message
-    assert "00002-000 (sku-2)" in message and "seed" in message
+    assert run.termination["message"] == (
+        "spec.runPolicy.maxFailedItems: 1 items failed, more than the 0 allowed (1% of 8 items, the default); "
+        "first failed: 00002-000 (sku-2): column 'seed': seed 'not a number' is not an integer")
+
+
+# -- systematic failures: a wrong column, every item failing ---------------------------------------
+
+WIDE = [{"uid": f"u{i}", "caption": f"a photo of thing {i}", "seed": i} for i in range(40)]
+NAN_ALL = {contract.MURALIST_TEST_NAN_ROWS: ",".join(str(i) for i in range(len(WIDE)))}
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("wide")
+    (root / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in WIDE))
+    return root
+
+
+def wide_job(wide: Path, prompt: str, **fields) -> dict:
+    job = dataset_job(wide, **fields)
+    job["dataset"]["columns"] = {"prompt": prompt, "seed": "seed", "id": "uid"}
+    return job
+
+
+def test_a_prompt_column_the_data_set_lacks_fails_before_any_item(tmp_path: Path, runtime_env, wide: Path) -> None:
+    out = tmp_path / "column"
+    run = torchrun(spec_json(wide_job(wide, "text"), out, wide), out, runtime_env, 1)
+    assert run.returncode == contract.PERMANENT_FAILURE_EXIT_CODE, run.stderr[-3000:]
+    assert run.termination["permanent"] is True
+    assert run.termination["message"] == "spec.dataset.columns.prompt: no column 'text'; columns: uid, caption, seed"
+    assert list(out.iterdir()) == [], "refused before the world, the model and the first item"
+    assert "pipeline loaded" not in run.stderr
+
+
+def test_a_systematic_failure_stops_the_job_after_its_first_chunks(tmp_path: Path, runtime_env, wide: Path) -> None:
+    # Every output is NaN (as a wrong dtype gives): with no limit on failed items at all, the job
+    # still stops once its first chunks (3 rows each here) have failed entirely.
+    out = tmp_path / "nan"
+    job = wide_job(wide, "caption", runPolicy={"maxFailedItems": "100%"})
+    run = torchrun(spec_json(job, out, wide), out, runtime_env, 1, extra_env=NAN_ALL)
+    assert run.returncode == contract.PERMANENT_FAILURE_EXIT_CODE, run.stderr[-3000:]
+    assert run.termination["permanent"] is True
+    nan = "the output has NaN or infinite values (the sampler diverged)"
+    assert run.termination["message"] == (
+        "items: no item completed: the first 4 chunks (12 items) all failed, a systematic failure that the rest "
+        f"would share; first failed: 00000-000 (u0): {nan}; 00001-000 (u1): {nan}; 00002-000 (u2): {nan}")
+    assert len(run.events("failed")) == 12, "4 chunks of 40 rows rendered, not the whole data set"
+    assert run.termination["failed"] == 12
+
+
+def test_a_job_whose_every_item_failed_is_never_a_success(tmp_path: Path, runtime_env, tiny_model) -> None:
+    # Too small for the early rule (3 items): every chunk renders, then the merge refuses.
+    out = tmp_path / "allfailed"
+    job = make_job().obj()
+    job["runPolicy"] = {"maxFailedItems": "100%"}
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 1,
+                   extra_env={contract.MURALIST_TEST_NAN_ROWS: "0,1,2"})
+    assert run.returncode == contract.PERMANENT_FAILURE_EXIT_CODE, run.stderr[-3000:]
+    assert run.termination["permanent"] is True
+    nan = "the output has NaN or infinite values (the sampler diverged)"
+    assert run.termination["message"] == (
+        f"items: every item failed (3), none completed; first failed: 00000-000: {nan}; 00001-000: {nan}; "
+        f"00002-000: {nan}")
+    assert [m["status"] for m in run.manifest()] == ["failed"] * 3, "merged all the same: each one's reason"
+    assert json.loads((out / "job.json").read_text())["items"] == {"failed": 3}
 
 
 def test_webdataset_shards_are_never_partial_and_read_back(tmp_path: Path, runtime_env, dataset: Path) -> None:

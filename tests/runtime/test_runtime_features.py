@@ -121,6 +121,22 @@ def test_scheduler_refusals_name_the_field(flux, name: str, config: dict, field:
     assert pipe.scheduler is before
 
 
+def test_a_scheduler_check_that_cannot_read_the_pipeline_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    # A pipeline whose __call__ has no source to read (built at run time here): the check that
+    # the scheduler takes what the call passes is skipped, and the log says so.
+    code: dict[str, Any] = {}
+    exec("def __call__(self, prompt, sigmas=None):\n    return None", code)  # no source file to read
+    pipe = type("OpaquePipeline", (), {"__call__": code["__call__"]})()
+
+    class Scheduler:
+        def set_timesteps(self, num_inference_steps: int) -> None: ...
+
+    features._check_timesteps(pipe, Scheduler(), "EulerDiscreteScheduler")
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith("spec.generation.scheduler.name: cannot read OpaquePipeline.__call__'s source ("), warning
+    assert warning.endswith("not checking that EulerDiscreteScheduler takes the sigmas or mu it may pass")
+
+
 def test_wan_takes_a_multistep_scheduler(tiny_wan: Path) -> None:
     pipe, _ = load(tiny_wan, wan_job())
     features.set_scheduler(pipe, SchedulerSpec(name="UniPCMultistepScheduler",

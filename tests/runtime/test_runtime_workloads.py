@@ -139,6 +139,7 @@ def edit_job(pipeline: str, inputs: Path) -> dict[str, Any]:
     job = make_job().prompts(*EDIT_PROMPTS[pipeline]).processes(2).obj()
     job["model"]["pipeline"] = pipeline
     job["inputs"] = {"volume": {"hostPath": {"path": str(inputs)}}}
+    job["runPolicy"] = {"maxFailedItems": 2}  # the missing and the broken input fail alone (the default: none)
     return job
 
 

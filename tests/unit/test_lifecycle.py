@@ -112,6 +112,34 @@ def test_runtime_report_message_is_used() -> None:
     assert d.actions == [DeleteJob("PermanentError")]  # exit code 1: the Job's FailJob rule cannot see it
 
 
+def test_the_first_failed_items_reach_status_message_from_the_termination_message() -> None:
+    # What the runtime leaves when its first chunks failed entirely, as the kubelet keeps it on
+    # the pod: status.message says why the job failed and names the first items with their reasons.
+    from muralist_operator.observe import pod_view
+    from muralist_runtime import item_failures
+    from muralist_runtime.spec.contract import COMPLETION_INDEX_ANNOTATION, Counts
+    from muralist_runtime.spec.contract import Termination as Report
+    from muralist_runtime.spec.pods import RunPolicy
+
+    nan = "the output has NaN or infinite values (the sampler diverged)"
+    verdict = item_failures.chunk_verdict(item_failures.JobTally(4, 0, 12), RunPolicy(), 40)
+    assert verdict is not None
+    error = item_failures.failure(verdict, [item_failures.describe_item(f"{i:05d}-000", f"u{i}", nan)
+                                            for i in range(3)])
+    report = Report(Counts(failed=12, total=40), PERMANENT_FAILURE_EXIT_CODE, True, "PermanentFailure", str(error))
+    terminated = {"exitCode": PERMANENT_FAILURE_EXIT_CODE, "reason": "Error", "message": report.to_json()}
+    body = {"metadata": {"name": "cats-0-0", "annotations": {COMPLETION_INDEX_ANNOTATION: "0"}},
+            "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": terminated}}]}}
+    observed = Observed(job=job_view(failed=True, failure_reason="PodFailurePolicy"), pods=[pod_view(body)])
+    d = decide(make_job().job(), status(phase="Running"), 1, observed, NOW)
+    assert d.status.phase == Phase.FAILED and d.status.restarts == 0
+    assert {c.type: c.reason for c in d.status.conditions}["Failed"] == "PermanentError"
+    assert d.status.message == (
+        "index 0 (pod cats-0-0): items: no item completed: the first 4 chunks (12 items) all failed, a systematic "
+        f"failure that the rest would share; first failed: 00000-000 (u0): {nan}; 00001-000 (u1): {nan}; "
+        f"00002-000 (u2): {nan} (permanent, not retried)")
+
+
 def test_suspend_and_resume() -> None:
     suspended = make_job().run_policy(suspend=True).job()
     d = decide(suspended, status(phase="Running"), 2, Observed(job=job_view()), NOW)

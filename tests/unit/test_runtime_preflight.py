@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import logging
+import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -157,3 +162,73 @@ def test_uneven_refused_without_gpus() -> None:
     verdict = cp_problems(lengths, heads=24, ring=1, ulysses=3, allow_uneven=False)
     assert verdict.uneven == "" and verdict.problems[0][0] == "spec.generation.height"
     assert verdict.problems[0][1].endswith("(uneven splits need GPUs)")
+
+
+# -- a pre-flight that cannot read its configs says so, once ---------------------------------------
+
+SKIPPED = "context-parallel pre-flight skipped for model"
+
+
+def preflight_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_config_the_model_lacks_is_quiet_one_that_cannot_be_read_is_said(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="muralist")
+    root = model_dir(tmp_path, FLUX_TRANSFORMER, FLUX_VAE)
+    (root / "vae" / "config.json").unlink()  # absent: nothing to check, and nothing wrong
+    assert check_context_parallel(str(root), None, gen(), None, 1, 5).problems == []
+    assert preflight_warnings(caplog) == []
+    (root / "vae" / "config.json").write_text('{"_class_name": "AutoencoderKL", ')  # cut short
+    assert check_context_parallel(str(root), None, gen(), None, 1, 5).problems == []
+    [warning] = preflight_warnings(caplog)
+    assert warning.startswith(f"{SKIPPED} {str(root)!r}: cannot read vae/config.json: JSONDecodeError: ")
+
+
+@pytest.fixture(scope="module")
+def hub_stand_in() -> Iterator[str]:
+    """A loopback stand-in for the hub's file API: org/gated refuses without a token (the hub's
+    401 GatedRepo), any other repo has no such file (404 EntryNotFound)."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            gated = self.path.startswith("/org/gated/")
+            self.send_response(401 if gated else 404)
+            self.send_header("X-Error-Code", "GatedRepo" if gated else "EntryNotFound")
+            self.send_header("X-Error-Message", "Access to model org/gated is restricted." if gated
+                             else "Entry not found")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def preflight_log(models: list[str], env: dict[str, str]) -> list[str]:
+    """What check_context_parallel logs at WARNING for each model, in a process of its own (the
+    hub client reads its endpoint and offline mode when imported)."""
+    code = ("import logging, sys; logging.basicConfig(level=logging.WARNING, format='%(message)s'); "
+            "from muralist_runtime.preflight import check_context_parallel; "
+            "from muralist_runtime.spec.api import Generation; "
+            "[check_context_parallel(m, None, Generation(height=64, width=64), None, 1, 2) for m in sys.argv[1:]]")
+    done = subprocess.run([sys.executable, "-c", code, *models], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stderr.splitlines() if "pre-flight" in line]
+
+
+def test_a_hub_config_that_cannot_be_read_skips_the_preflight_and_names_the_model(tmp_path: Path,
+                                                                                 hub_stand_in: str) -> None:
+    hub = {"HF_ENDPOINT": hub_stand_in, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": ""}
+    [gated] = preflight_log(["org/gated", "org/no-transformer"], hub)
+    assert gated.startswith(f"{SKIPPED} 'org/gated': cannot read transformer/config.json: GatedRepoError: "), gated
+    assert "Access to model org/gated is restricted." in gated
+    [offline] = preflight_log(["org/unreachable"], {**hub, "HF_HUB_OFFLINE": "1"})
+    assert offline.startswith(f"{SKIPPED} 'org/unreachable': cannot read transformer/config.json: "), offline

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 from muralist_runtime import work
+from muralist_runtime.item_failures import JobTally
 from muralist_runtime.spec.api import Generation
 from muralist_runtime.spec.items import item_seed, row_items
 from muralist_runtime.world import Layout
@@ -67,7 +68,7 @@ def test_own_chunks_first_then_claims_then_a_sweep_of_what_nobody_holds() -> Non
                 store.add(f"owner/{chunk}", owner + 1)
                 store.append(f"owned/{owner}", f"{chunk},")
         counted: list[int] = []
-        tally = work.Tally(store, failed_of=lambda c: 0)
+        tally = work.Tally(store, counts_of=lambda c: (1, 0, []))
         tally.count = counted.append  # type: ignore[method-assign]
         got = list(work.dynamic_chunks(store, plan, {0, 2, 7}.__contains__, group=0, tally=tally))
     assert got == [(1, False), (5, False), (6, False), (7, False), (4, True)]
@@ -79,12 +80,15 @@ def test_tally_counts_each_chunk_once_and_waits_for_all() -> None:
     from muralist_runtime.claims import ClaimClient, ClaimServer
 
     with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, work.NAMESPACE) as store:
-        tally = work.Tally(store, failed_of=lambda c: 2)
-        assert tally.finished(0, 1) == 1
-        assert tally.finished(0, 1) == 1, "a duplicate of chunk 0 is not counted again"
+        tally = work.Tally(store, counts_of=lambda c: (0, 2, ["00001-000: NaN", "00001-001: NaN"]))
+        assert tally.finished(0, 3, 1, ["00000-000 (a): missing"]) == JobTally(chunks=1, completed=3, failed=1)
+        assert tally.finished(0, 3, 1) == JobTally(1, 3, 1), "a duplicate of chunk 0 is not counted again"
         tally.count(1)
         tally.count(1)
-        assert (store.add("done", 0), store.add("failed", 0)) == (2, 3)
+        assert (store.add("done", 0), store.add("completed", 0), store.add("failed", 0)) == (2, 3, 3)
+        assert tally.first_failures() == ["00000-000 (a): missing", "00001-000: NaN", "00001-001: NaN"]
+        tally.finished(2, 0, 1, ["00002-000: NaN"])
+        assert len(tally.first_failures()) == 3, "the first ones only"
         tally.wait_all(2)  # returns at once: both chunks are finished
 
 

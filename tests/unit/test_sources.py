@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from muralist_runtime.sources import Columns, Row, RowSource, SourceError, detect, readers, source
+from muralist_runtime.sources import Columns, MissingColumn, Row, RowSource, SourceError, detect, readers, source
 
 PROMPTS = [f"a photo of item {i}" for i in range(50)]
 
@@ -160,14 +160,39 @@ def test_csv_quoted_newlines_stray_quotes_and_field_counts(tmp_path: Path) -> No
     assert [r.prompt for r in src.rows(3, 4)] == ['say "hi"']
 
 
-@pytest.mark.parametrize("fmt", ["csv", "parquet", "hf"])
+SCHEMA = {"uid": ["u1", "u2"], "caption": ["x", "y"], "seed": [1, 2]}
+
+
+def write_schema(tmp_path: Path, fmt: str) -> Path:
+    """Two rows with the columns uid, caption, seed in each format."""
+    rows = [dict(zip(SCHEMA, values, strict=True)) for values in zip(*SCHEMA.values(), strict=True)]
+    return {"jsonl": lambda: write_jsonl(tmp_path / "s.jsonl", rows),
+            "csv": lambda: write_csv(tmp_path / "s.csv", list(SCHEMA), [list(r.values()) for r in rows]),
+            "parquet": lambda: write_parquet(tmp_path / "s.parquet", SCHEMA),
+            "hf": lambda: save_hf(tmp_path / "hf", SCHEMA)}[fmt]()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet", "hf"])
 def test_a_column_missing_from_the_schema_raises_naming_what_exists(tmp_path: Path, fmt: str) -> None:
-    data = {"caption": ["x", "y"], "seed": [1, 2]}
-    path = {"csv": lambda: write_csv(tmp_path / "s.csv", ["caption", "seed"], [["x", 1], ["y", 2]]),
-            "parquet": lambda: write_parquet(tmp_path / "s.parquet", data),
-            "hf": lambda: save_hf(tmp_path / "hf", data)}[fmt]()
-    with pytest.raises(SourceError, match=r"no column 'prompt'; columns found: \['caption', 'seed'\]"):
-        RowSource(path)
+    with pytest.raises(MissingColumn, match=r"no column 'prompt'; columns: uid, caption, seed$") as raised:
+        RowSource(write_schema(tmp_path, fmt))
+    assert (raised.value.column, raised.value.found) == ("prompt", list(SCHEMA))
+
+
+def test_json_lines_columns_are_the_keys_of_its_first_rows(tmp_path: Path) -> None:
+    # JSON Lines has no header: a key that only some rows have (seed here) is a column all the
+    # same, and a line that is not an object does not hide the others' keys.
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b", "seed": 3}])
+    path.write_text("{not json\n" + path.read_text())
+    assert [(r.prompt, r.seed) for r in RowSource(path, columns=Columns(seed="seed")).rows(0, 9) if r.ok] == [
+        ("a", None), ("b", 3)]
+    late = write_jsonl(tmp_path / "late.jsonl",
+                       [{"prompt": "a"}] * readers.SCHEMA_ROWS + [{"prompt": "b", "negative": "blurry"}])
+    with pytest.raises(MissingColumn, match=r"no column 'negative'; columns: prompt$"):
+        RowSource(late, columns=Columns(negative_prompt="negative"))
+    only_bad = tmp_path / "bad.jsonl"
+    only_bad.write_text("{not json\n[1]\n")  # no object to learn the keys from: the rows fail one by one
+    assert [r.ok for r in RowSource(only_bad).rows(0, 9)] == [False, False]
 
 
 def test_detection_by_extension_and_folder_contents(tmp_path: Path, every_format: dict[str, Path]) -> None:
@@ -338,3 +363,47 @@ def test_a_new_rows_call_invalidates_the_previous_iterator(every_format: dict[st
     assert [r.index for r in second] == [20, 21]
     with pytest.raises(RuntimeError, match="called again"):
         next(first)
+
+
+# -- the job's view: a mapped column the source lacks fails the job before any item ---------------
+
+def dataset_runtime(root: Path, path: str, **columns: str):
+    from muralist_runtime.spec.resolved import RuntimeSpec
+
+    from tests.builders import make_job
+
+    volume = {"hostPath": {"path": str(root)}}
+    spec = make_job().drop("spec.prompts").set("spec.dataset", {"volume": volume, "path": path, "columns": columns})
+    if {"image", "mask"} & set(columns):  # input images: a pipeline that takes them, a volume that holds them
+        spec.set("spec.model.pipeline", "FluxInpaintPipeline").set("spec.inputs", {"volume": volume})
+    spec = spec.obj()["spec"]
+    return RuntimeSpec.model_validate({"name": "t", "spec": spec, "outputDir": "/unused", "datasetDir": str(root)})
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet", "hf"])
+@pytest.mark.parametrize("field", ["prompt", "negativePrompt", "seed", "id", "image", "mask", "strength"])
+def test_every_mapped_column_is_checked_against_the_schema_in_every_format(tmp_path: Path, fmt: str,
+                                                                          field: str) -> None:
+    from muralist_runtime import rows
+    from muralist_runtime.spec.contract import PermanentFailure
+
+    path = write_schema(tmp_path, fmt)
+    columns = {"prompt": "caption", field: "text"}
+    with pytest.raises(PermanentFailure) as raised:
+        rows.open_rows(dataset_runtime(tmp_path, path.name, **columns))
+    assert str(raised.value) == f"spec.dataset.columns.{field}: no column 'text'; columns: uid, caption, seed"
+
+
+def test_a_folder_names_the_file_that_lacks_a_column(tmp_path: Path) -> None:
+    from muralist_runtime import rows
+    from muralist_runtime.spec.contract import PermanentFailure
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    write_csv(folder / "a.csv", ["text"], [["x"], ["y"]])
+    write_csv(folder / "b.csv", ["caption"], [["z"]])
+    assert rows.open_rows(dataset_runtime(tmp_path, "parts/a.csv", prompt="text")).count() == 2
+    # Counting opens every file of the range: a later file is checked before any item too.
+    with pytest.raises(PermanentFailure, match=r"^spec.dataset.columns.prompt: no column 'text' in b.csv; "
+                                               r"columns: caption$"):
+        rows.open_rows(dataset_runtime(tmp_path, "parts", prompt="text"))

@@ -14,8 +14,10 @@ header is not a row, so indices never depend on how a file happens to be laid ou
 
 Errors come in two sizes. One bad row (invalid JSON, a seed that is not an integer, an empty
 prompt) is one failed item: it comes out of `rows()` as a `Row` with `error` set, so the caller
-records that item as failed and carries on. A problem with a whole file (a mapped column that
-the header or schema lacks, an unknown format) raises `SourceError`: no item of it could run.
+records that item as failed and carries on. A problem with a whole file (an unknown format, or
+a mapped column that the header or schema lacks: `MissingColumn`) raises `SourceError` when the
+file is opened: no item of it could run. JSON Lines has no header, so its columns are the keys
+of its first 100 objects.
 
 One concept per module:
 
@@ -23,14 +25,14 @@ One concept per module:
 - `detection`: which format and which files a path names (`detect`, `FORMATS`);
 - `readers`: one file read forward (JSON Lines and text, CSV, Parquet, saved datasets);
 - `fields`: `Columns`, `Row`, and parsing and validating each row's values;
-- `errors`: `SourceError`.
+- `errors`: `SourceError`, `MissingColumn`.
 
 The names callers need are re-exported here.
 """
 
 from .detection import FORMATS, detect
-from .errors import SourceError
+from .errors import MissingColumn, SourceError
 from .fields import Columns, Row
 from .source import RowSource
 
-__all__ = ["FORMATS", "Columns", "Row", "RowSource", "SourceError", "detect"]
+__all__ = ["FORMATS", "Columns", "MissingColumn", "Row", "RowSource", "SourceError", "detect"]

@@ -21,7 +21,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import SourceError
+from .errors import MissingColumn, SourceError
 from .fields import Record, _Bad
 
 # Read size for the line scanner: large enough that bytes.count and the blank-line regex run
@@ -32,6 +32,8 @@ BLOCK = 1 << 20
 BATCH_ROWS = 1024
 BATCH_ROWS_WITH_IMAGES = 16
 BOM = b"\xef\xbb\xbf"
+# JSON Lines has no header: the keys of this many first rows stand for its columns.
+SCHEMA_ROWS = 100
 # A blank line that follows a newline; the lookahead stops at the search's endpos, so a chunk
 # boundary never pairs lines of two chunks.
 _BLANK_AFTER_NEWLINE = re.compile(rb"\n[ \t\r\f\v]*(?=\n)")
@@ -53,9 +55,13 @@ class _Reader(Protocol):
 
 
 class _LineReader:
-    """Text and JSON Lines over a byte buffer, so that skipping is bytes.count plus one regex."""
+    """Text and JSON Lines over a byte buffer, so that skipping is bytes.count plus one regex.
 
-    def __init__(self, path: Path, kind: str, prompt_key: str):
+    JSON Lines has no header: its columns are the keys of its first SCHEMA_ROWS objects, and a
+    mapped column (`needed`) that none of them has is refused when the file is opened.
+    """
+
+    def __init__(self, path: Path, kind: str, prompt_key: str, needed: list[str] | None = None):
         self.path = path
         self.kind = kind
         self.prompt_key = prompt_key
@@ -70,6 +76,25 @@ class _LineReader:
                 self.f.close()
                 raise SourceError(f"{path}: a JSON array, not JSON Lines (one object per line); convert it, e.g. "
                                   f"jq -c '.[]' {path.name} > {path.stem}.jsonl")
+            if kind == "jsonl" and needed:
+                found = self._first_keys()
+                if found and (missing := [c for c in needed if c not in found]):
+                    self.f.close()
+                    raise MissingColumn(path, missing[0], found)
+
+    def _first_keys(self) -> list[str]:
+        """The keys of the first objects in the first block, in order of appearance (none when
+        no line there is an object: those rows then fail one by one, with their reasons)."""
+        keys: dict[str, None] = {}
+        lines = (line for line in self.buf[self.pos:].split(b"\n") if line.strip())
+        for line in islice(lines, SCHEMA_ROWS):
+            try:
+                obj = json.loads(line)  # a line cut at the block's end is not valid JSON: skipped
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                keys.update(dict.fromkeys(map(str, obj)))
+        return list(keys)
 
     def _fill(self) -> bool:
         if self.eof:
@@ -154,8 +179,7 @@ class _CsvReader:
         self.header = header
         if missing := [c for c in needed if c not in header]:
             self.f.close()
-            raise SourceError(f"{path}: no column {missing[0]!r}; columns found: {header}. Map the right column "
-                              "names, or add a header row")
+            raise MissingColumn(path, missing[0], header)
 
     def _guard(self, fn: Any) -> Any:
         try:
@@ -232,7 +256,7 @@ class _ParquetReader(_BatchReader):
             raise SourceError(f"{path}: not a readable Parquet file ({e})") from e
         names = self.file.schema_arrow.names
         if missing := [c for c in needed if c not in names]:
-            raise SourceError(f"{path}: no column {missing[0]!r}; columns found: {names}. Map the right column names")
+            raise MissingColumn(path, missing[0], names)
         meta = self.file.metadata
         self.num_rows = meta.num_rows
         self.group_starts = [0]
@@ -277,8 +301,7 @@ def _load_hf(path: Path, needed: list[str]) -> Any:
     if not isinstance(ds, datasets.Dataset):
         raise SourceError(f"{path}: a {type(ds).__name__}, not one Dataset; point the source at one split's folder")
     if missing := [c for c in needed if c not in ds.column_names]:
-        raise SourceError(f"{path}: no column {missing[0]!r}; columns found: {ds.column_names}. "
-                          "Map the right column names")
+        raise MissingColumn(path, missing[0], ds.column_names)
     # Arrow format: slices stay zero-copy views of the memory-mapped files, and Image/Audio
     # features are not decoded (an Image cell is {"bytes", "path"}).
     return ds.select_columns(needed).with_format("arrow")

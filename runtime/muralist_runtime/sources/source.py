@@ -56,6 +56,7 @@ class RowSource:
         self._cursor: _Cursor | None = None
         self._epoch = 0
         self._hf_dataset: Any = None
+        self._checked: set[int] = set()  # files whose columns were checked
         # Fail at construction, not at the first claim, when the first file lacks a column.
         self._open(0).close()
 
@@ -148,7 +149,11 @@ class RowSource:
         needed = list(dict.fromkeys(self.columns.mapped().values()))
         batch = BATCH_ROWS_WITH_IMAGES if self.columns.image or self.columns.mask else BATCH_ROWS
         if self.format in ("text", "jsonl"):
-            return _LineReader(path, self.format, self.columns.prompt or "prompt")
+            # JSON Lines' columns are read from its first rows: once per file is enough.
+            reader = _LineReader(path, self.format, self.columns.prompt or "prompt",
+                                 None if i in self._checked else needed)
+            self._checked.add(i)
+            return reader
         if self.format == "csv":
             return _CsvReader(path, needed)
         if self.format == "parquet":

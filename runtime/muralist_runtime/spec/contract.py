@@ -120,7 +120,8 @@ def progress_url(base: str, namespace: str, job: str) -> str:
 
 class PermanentFailure(Exception):
     """What retrying cannot fix. The runtime exits with PERMANENT_FAILURE_EXIT_CODE and
-    `str(self)`: one line that starts with the spec field to change."""
+    `str(self)`: one line that starts with the spec field to change (`items` when failed items
+    failed the job and their reasons, named in the line, say what to change)."""
 
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")

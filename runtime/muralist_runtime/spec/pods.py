@@ -48,18 +48,30 @@ class PodTemplate(ApiModel):
         return env
 
 
+# Failed items a job tolerates unless runPolicy.maxFailedItems says otherwise (RunPolicy says why).
+DEFAULT_MAX_FAILED_ITEMS = "1%"
+# Whatever the limit: no item completed once this many chunks, holding this many items or more,
+# finished is a systematic failure (the runtime's item_failures applies the rule).
+EARLY_FAILED_CHUNKS = 3
+EARLY_FAILED_ITEMS = 10
+
+
 class RunPolicy(ApiModel):
     max_restarts: int = Field(
         3, ge=0, le=100,
         description="Retries of each failed pod (per index: the other pods go on); a group spanning pods "
         "retries together.",
     )
-    max_failed_items: int | str | None = Field(
-        None,
+    max_failed_items: int | str = Field(
+        DEFAULT_MAX_FAILED_ITEMS,
         json_schema_extra={"x-kubernetes-int-or-string": True},
         description="Items that may fail (unreadable input, NaN output, out of memory on one item) before "
-        "the job fails: a count, or a percentage of all items such as '1%'. Default: no limit (failed items "
-        "are listed in the manifest and status.progress.failed).",
+        "the job fails: a count, or a percentage of all items such as '5%'. Default 1%: a job of fewer than "
+        "100 items fails on its first failed item (as Ray Data does), a large one is not stopped by a few "
+        "rare ones (listed in the manifest, counted in status.progress.failed, rendered again by the next "
+        "run). Whatever the limit, a job fails early when its first chunks fail entirely (a systematic "
+        f"failure: no item completed in the first {EARLY_FAILED_CHUNKS} chunks, {EARLY_FAILED_ITEMS} items or "
+        "more), and never succeeds with every item failed; '100%' tolerates every other failure.",
     )
     active_deadline_seconds: int | None = Field(
         None, ge=1, description="Fail the job (DeadlineExceeded) after this many seconds."
@@ -78,20 +90,24 @@ class RunPolicy(ApiModel):
         "this long (a pod whose ranks are done is left alone).",
     )
 
+    @field_validator("max_failed_items", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: object) -> object:
+        # As the API server does for a field with a default: null means unset.
+        return DEFAULT_MAX_FAILED_ITEMS if value is None else value
+
     @field_validator("max_failed_items")
     @classmethod
-    def _count_or_percent(cls, value: int | str | None) -> int | str | None:
+    def _count_or_percent(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value < 0:
             raise ValueError(f"is {value}; use a count of 0 or more, or a percentage such as '1%'")
         if isinstance(value, str) and not re.fullmatch(r"\d+(\.\d+)?%", value):
             raise ValueError(f"{value!r} is neither a count nor a percentage; write e.g. 10 or '1%'")
         return value
 
-    def failed_items_limit(self, total: int) -> int | None:
-        """How many failed items the job tolerates out of `total`; None without a limit."""
+    def failed_items_limit(self, total: int) -> int:
+        """How many failed items the job tolerates out of `total`."""
         value = self.max_failed_items
-        if value is None:
-            return None
         if isinstance(value, int):
             return value
         return int(total * float(value.rstrip("%")) / 100)
