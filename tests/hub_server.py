@@ -25,7 +25,8 @@ Refusals carry the hub's `X-Error-Code`, from which the client raises its except
 has no access); a token it does not know gets 401 "Invalid credentials in Authorization header".
 
 Faults: `drop(count, ...)` cuts the body of the next `count` file downloads after some bytes
-and closes the connection (the client sees an incomplete body and resumes with Range).
+and closes the connection (the client sees an incomplete body and asks again, with Range for
+what it already has).
 Every request is recorded (`requests`: method, repo, revision, file, Authorization, Range,
 status) for assertions. Standard library only; one thread per connection.
 """

@@ -9,7 +9,7 @@ pre-flight) goes to it through HF_ENDPOINT.
 The hub's refusals are checked in this process, against the runtime's own functions (the
 client reads the cache directory at each call, so each test gets a fresh one); what only a
 whole run shows (exit codes, the termination message, two ranks or two pods downloading,
-a download cut and resumed) runs under real torchrun, four spawns in all.
+a download cut and fetched again) runs under real torchrun, four spawns in all.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ class Repos:
     server: HubServer
     old: Path  # the model's older commit (its transformer's output layer negated)
     old_sha: str
-    main_sha: str
     lora_v1: Path  # the LoRA at tag v1; main's has its B matrices negated
     lora_v1_sha: str
 
@@ -74,11 +73,11 @@ def repos(hub_server: HubServer, tiny_model: Path, tiny_lora: Path, tmp_path_fac
     lora_main.mkdir()
     shutil.copy(tiny_lora / "pytorch_lora_weights.safetensors", lora_v1 / LORA_FILE)
     _negated(lora_v1 / LORA_FILE, lora_main / LORA_FILE, lambda k: ".lora_B." in k)
-    old_sha, main_sha = hub_server.add_repo(MODEL, [old, tiny_model])
+    old_sha, _ = hub_server.add_repo(MODEL, [old, tiny_model])
     hub_server.add_repo(GATED, [old, tiny_model], gated=True)
     lora_v1_sha, _ = hub_server.add_repo(LORA, [lora_v1, lora_main], tags={"v1": 0})
     hub_server.tokens.update({TOKEN: True, NO_ACCESS: False})
-    return Repos(hub_server, old, old_sha, main_sha, lora_v1, lora_v1_sha)
+    return Repos(hub_server, old, old_sha, lora_v1, lora_v1_sha)
 
 
 @pytest.fixture
