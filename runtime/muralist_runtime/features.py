@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from . import hub
 from .spec.contract import PermanentFailure
 from .spec.features import Adapter, CacheSpec, SchedulerSpec
 from .spec.resolved import RuntimeSpec
@@ -76,25 +77,12 @@ def _location(adapter: Adapter) -> tuple[str, dict[str, Any]]:
     return source, kwargs
 
 
-def _permanent(error: BaseException, adapter: Adapter) -> bool:
-    if isinstance(error, _MISFITS) or adapter.name.startswith("/"):
-        return True
-    try:  # hub answers that retrying cannot change
-        from huggingface_hub.errors import (
-            EntryNotFoundError,
-            GatedRepoError,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
-    except ImportError:
-        return False
-    return isinstance(error, EntryNotFoundError | GatedRepoError | RepositoryNotFoundError | RevisionNotFoundError)
-
-
 def load_adapters(pipe: Any, adapters: list[Adapter], fuse: bool) -> str:
-    """load_lora_weights per adapter, set_adapters with the scales, fused when asked."""
-    import os
+    """load_lora_weights per adapter, set_adapters with the scales, fused when asked.
 
+    The hub's refusals name the adapter's field (hub.py); an adapter that loads but does not
+    fit the model, or a local path that is wrong, names the adapter; network errors are retried.
+    """
     if not hasattr(pipe, "load_lora_weights"):
         raise PermanentFailure(ADAPTERS_FIELD, f"{type(pipe).__name__} cannot load LoRA adapters (no "
                                "load_lora_weights in diffusers)")
@@ -103,9 +91,13 @@ def load_adapters(pipe: Any, adapters: list[Adapter], fuse: bool) -> str:
         name = adapter_name(index)
         try:
             source, kwargs = _location(adapter)
-            pipe.load_lora_weights(source, adapter_name=name, token=os.environ.get("HF_TOKEN") or None, **kwargs)
+            pipe.load_lora_weights(source, adapter_name=name, token=hub.token(), **kwargs)
         except Exception as e:
-            if not _permanent(e, adapter):
+            local = adapter.name.startswith("/")
+            refused = None if local else hub.permanent(e, adapter.name, adapter.revision, hub.adapter_fields(index))
+            if refused is not None:
+                raise refused from None
+            if not (local or isinstance(e, _MISFITS)):
                 raise  # a network error: retried with the pod
             reason = f"{type(e).__name__}: {e}".splitlines()[0][:400]
             raise PermanentFailure(f"{ADAPTERS_FIELD}[{index}]",

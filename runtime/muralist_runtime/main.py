@@ -137,6 +137,9 @@ def _quiet_libraries() -> None:
 
     diffusers.utils.logging.disable_progress_bar()
     transformers.utils.logging.disable_progress_bar()
+    # huggingface_hub's HTTP client logs every request at INFO: dozens of lines per model.
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 # 1. Check the spec.

@@ -3,7 +3,8 @@
 A model is a hub repo id (with revision and HF_TOKEN), a local directory, or a built-in tiny
 name (spec.TINY_MODEL_NAMES) that is built in place into a cache directory first and then
 loaded exactly like a local directory. `RuntimeSpec.model_path` (muralist run --model)
-replaces the name with a local directory.
+replaces the name with a local directory. The hub's refusals (gated, no such repo, revision
+or file) are permanent failures naming the field (hub.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import hub
 from .spec import contract
 from .spec.catalog import TINY_MODEL_NAMES
 from .spec.contract import PermanentFailure
@@ -35,7 +37,8 @@ def tiny_cache_dir(name: str) -> Path:
 
 
 def resolve_model(runtime: RuntimeSpec) -> tuple[str, str | None]:
-    """(what to pass to from_pretrained, revision); builds a tiny model when one is named.
+    """(what to pass to from_pretrained, revision); builds a tiny model when one is named, and
+    checks that the hub serves a hub id (its model_index.json, with the token).
 
     Call it before torch.distributed is initialised: transformers' save_pretrained writes
     nothing on ranks other than 0 once a process group exists, so a build racing on rank 1
@@ -50,6 +53,13 @@ def resolve_model(runtime: RuntimeSpec) -> tuple[str, str | None]:
         return str(build_tiny(model.name, tiny_cache_dir(model.name))), None
     if model.name.startswith("/") and not Path(model.name).is_dir():
         raise PermanentFailure("spec.model.name", f"{model.name} is not a directory in the pod")
+    if not Path(model.name).is_dir():
+        # The first file from_pretrained reads, fetched now: a repo that is gated, missing or
+        # without that revision fails the pod here, in seconds, not after the world is up.
+        from huggingface_hub import hf_hub_download
+
+        with hub.hub_errors(model.name, model.revision, hub.MODEL):
+            hf_hub_download(model.name, "model_index.json", revision=model.revision, token=hub.token())
     return model.name, model.revision
 
 
@@ -74,13 +84,9 @@ def load_pipeline(runtime: RuntimeSpec, source: str, revision: str | None, **kwa
         # diffusers 0.42 takes disable_mmap at the pipeline level and hands it to every
         # component's load_state_dict: safetensors are read whole, not page-faulted in.
         kwargs["disable_mmap"] = True
-    pipe = cls.from_pretrained(
-        source,
-        revision=revision,
-        token=os.environ.get("HF_TOKEN") or None,
-        dtype=getattr(torch, model.dtype),
-        **kwargs,
-    )
+    with hub.hub_errors(source, revision, hub.MODEL):
+        pipe = cls.from_pretrained(source, revision=revision, token=hub.token(), dtype=getattr(torch, model.dtype),
+                                   **kwargs)
     # The runtime prints its own progress; diffusers' per-step bars would interleave.
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -9,19 +9,25 @@ same node finds the marker and skips the copy.
 Once per node without collectives: local rank 0 copies (to a temp dir, renamed into place,
 then a marker file), the other local ranks poll for the marker. A copy can take longer than
 the collective timeout, and a dead copier takes the whole group down with it under torchrun,
-so a poll cannot hang.
+so a poll cannot hang. Pods that share a stage dir (a node-wide hostPath) take turns under a
+file lock, which the kernel releases when its holder dies: the first downloads and copies,
+the others find its marker.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from . import hub
 from .spec.contract import DEFAULT_STAGE_DIR, MURALIST_STAGE_DIR
 
 log = logging.getLogger("muralist.stage")
@@ -40,8 +46,8 @@ def local_source(source: str, revision: str | None) -> Path:
         return Path(source)
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(source, revision=revision,
-                                  token=os.environ.get("HF_TOKEN") or None))
+    with hub.hub_errors(source, revision, hub.MODEL):
+        return Path(snapshot_download(source, revision=revision, token=hub.token()))
 
 
 def staged_path(source: str, revision: str | None) -> Path:
@@ -66,6 +72,18 @@ def _copy(src: Path, dst: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextmanager
+def _node_lock(dst: Path) -> Iterator[None]:
+    """Held while one pod of the node stages `dst`; the others wait for it."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(dst.parent / f".{dst.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def stage_model(source: str, revision: str | None, local_rank: int) -> tuple[Path, bool]:
     """(the staged directory, whether this call copied it). Call on every local rank."""
     dst = staged_path(source, revision)
@@ -74,9 +92,13 @@ def stage_model(source: str, revision: str | None, local_rank: int) -> tuple[Pat
         log.info("model already staged in %s", dst)
         return dst, False
     if local_rank == 0:
-        start = time.perf_counter()
-        src = local_source(source, revision)
-        _copy(src, dst)
+        with _node_lock(dst):
+            if marker.is_file():
+                log.info("model staged in %s by another pod meanwhile", dst)
+                return dst, False
+            start = time.perf_counter()
+            src = local_source(source, revision)
+            _copy(src, dst)
         log.info("staged %s to %s in %.1fs", src, dst, time.perf_counter() - start)
         return dst, True
     while not marker.is_file():

@@ -106,11 +106,13 @@ class Run:
 
 @pytest.fixture(scope="session")
 def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Environment for spawned processes: the session's tiny-model cache, pinned threads."""
+    """Environment for spawned processes: the session's tiny-model cache, pinned threads, no
+    hub (tests that use the hub stand-in turn HF_HUB_OFFLINE off)."""
     cache = tmp_path_factory.mktemp("muralist-cache")
     return {
         **os.environ,
         contract.MURALIST_CACHE: str(cache),
+        "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "TRANSFORMERS_VERBOSITY": "error",
@@ -213,9 +215,11 @@ def torchrun(
     nnodes: int = 1,
     extra_env: dict[str, str] | None = None,
     timeout: float = 240,
+    node_env: list[dict[str, str]] | None = None,
 ) -> Run:
     """Run the runtime as the pods do: one agent per pod of the spec (the pod contract's launch
-    entry point, which starts torchrun), on this machine. `nproc` and `nnodes` must match it."""
+    entry point, which starts torchrun), on this machine. `nproc` and `nnodes` must match it;
+    `node_env`: more environment for each pod (e.g. its own HF_HOME)."""
     from muralist_runtime import local
 
     runtime = RuntimeSpec.model_validate_json(spec_json)
@@ -229,7 +233,8 @@ def torchrun(
     procs = []
     for node, (argv, agent_env) in enumerate(local.agent_commands(runtime, str(spec_file),
                                                                    *local.local_ports(nnodes))):
-        penv = {**env, **(extra_env or {}), **agent_env, contract.MURALIST_TERMINATION_LOG: str(term),
+        penv = {**env, **(extra_env or {}), **(node_env[node] if node_env else {}), **agent_env,
+                contract.MURALIST_TERMINATION_LOG: str(term),
                 contract.MURALIST_PROGRESS_DIR: str(output.parent / f"{output.name}.progress-{node}")}
         procs.append(subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=timeout) for p in procs]
