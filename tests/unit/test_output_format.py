@@ -103,9 +103,20 @@ def test_an_output_format_no_version_writes_is_refused(tmp_path: Path, value: ob
         JobFile(runtime).check_existing()
 
 
-@pytest.mark.parametrize("name", ["2a8e806-files", "e831e2d-files", "a4144e8-files", "cd07f54-files"])
+@pytest.mark.parametrize("name", ["2a8e806-files", "e831e2d-files", "a4144e8-files", "cd07f54-files", "7266f35-files"])
 def test_every_older_job_json_of_the_same_job_resumes(tmp_path: Path, name: str) -> None:
     assert JobFile(fixture(name, tmp_path)).check_existing() is not None
+
+
+@pytest.mark.parametrize(("name", "job", "chunk_rows"), [
+    ("2a8e806-files", "files", 1), ("e831e2d-files", "files", 1), ("a4144e8-files", "files", 3),
+    ("cd07f54-files", "files", 1), ("7266f35-files", "files", 1),
+    ("a4144e8-webdataset", "webdataset", 2), ("cd07f54-webdataset", "webdataset", 2),
+    ("7266f35-webdataset", "webdataset", 2),
+])
+def test_each_fixture_resumes_in_its_own_chunks(tmp_path: Path, name: str, job: str, chunk_rows: int) -> None:
+    runtime = fixture(name, tmp_path, job=job)
+    assert outputs.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing()).chunk_rows == chunk_rows
 
 
 def test_job_json_records_the_format_and_the_chunks(tmp_path: Path) -> None:
