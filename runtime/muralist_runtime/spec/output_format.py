@@ -17,12 +17,13 @@ Versions (tests/fixtures/formats/ holds a partial folder of each, written by the
 3. 4acd534 ..: chunks of ceil(rows / (16 x groups)) rows: the same part file names cover other
    rows. Fields added since (video frames, fps and codec, poster and input thumbnails,
    adapters, scheduler, cache) are optional and change nothing for a reader.
-4. job.json records `outputFormat` and the folder's chunks, `plan: {firstRow, chunkRows}`: a
-   resume keeps the folder's chunks whatever the world size or this version's chunking.
+4. 7266f35 ..: job.json records `outputFormat` and the folder's chunks, `plan: {firstRow,
+   chunkRows}`: a resume keeps the folder's chunks whatever the world size or this version's
+   chunking.
 
 This runtime resumes every version from 1 to OUTPUT_FORMAT. How older ones are read:
-- `read_entry`: an item's JSON, a part file's line or a shard's JSON member of any version, as
-  today's entry (an index from promptIndex/imageIndex or the key, `id` None, `kind` "image");
+- `read_entry`: an item's JSON or a part file's line of any version, as today's entry (the
+  index its file name gives, promptIndex and imageIndex from its key, `id` None, `kind` "image");
 - the chunks of a folder that did not record them (1-3): `infer_chunk_rows` reads them off its
   part files (a part file lists every item of its chunk); a folder without part files (1) has
   none to keep, and its items are kept one by one, by their files.
@@ -35,11 +36,12 @@ The rule for changing the format:
   chunking, a new file a resume must read. Adding an optional field that readers may ignore
   is no change.
 - The new runtime resumes every older version: teach `read_entry` (or the plan) the old shape
-  here, describe the version above, and freeze a partial folder of the last commit writing the
-  old version (tests/fixtures/formats/make_fixtures.py); tests/runtime/test_runtime_formats.py
-  then resumes it. What cannot be resumed is refused with exit 78 naming spec.output.path and
-  what changed: never a traceback, never a retryable error (a pod upgraded mid-job would
-  crash-loop until maxRestarts).
+  here and describe the new version above. Then, from the commit that introduces it, freeze a
+  partial folder of each layout (add it to tests/fixtures/formats/make_fixtures.py and run
+  that); tests/runtime/test_runtime_formats.py resumes every frozen folder, so each later
+  change is tested against every format before it. What cannot be resumed is refused with exit
+  78 naming spec.output.path and what changed: never a traceback, never a retryable error (a
+  pod upgraded mid-job would crash-loop until maxRestarts).
 
 Pure and torch-free.
 """
