@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from .spec import contract
 from .spec.contract import PERMANENT_FAILURE_EXIT_CODE, Counts, PermanentFailure, Termination
 from .spec.items import Item
+from .spec.output_format import Chunks
 from .spec.problems import problems_from
 from .spec.resolved import RuntimeSpec
 from .work import NothingLeft
@@ -176,7 +177,9 @@ def set_up_world(job: Job, state: RunState) -> None:
     state.world = worldmod.setup_world(job.runtime.spec.parallelism, job.plan.group_size)
     layout = state.world.layout
     state.jobfile = writermod.JobFile(job.runtime)
-    state.jobfile.check_existing()
+    # A folder resumed keeps its own chunks (its part files name them), whatever this world is.
+    job.work = outputs.resumed_plan(job.runtime, job.work, state.jobfile.check_existing())
+    state.jobfile.chunks = Chunks(job.work.start, job.work.chunk_rows)
     host, port = work.claims_address()
     if layout.hosts_store:
         state.server = claims.ClaimServer(port)

@@ -13,6 +13,8 @@ Layout under the output directory (spec.output.layout):
 
 Every file is written to a temp name and renamed, so no reader sees a partial one; a rank
 killed mid-chunk costs that chunk's unfinished items (files) or its shard (webdataset).
+Folders of older versions are read through spec/output_format.py (`read_part`, `kept`,
+`resumed_plan`): that module is the format's contract, and this one never reads around it.
 Encoding happens on writer threads (writer.BackgroundWriter): `FilesLayout.write` writes an
 item's files there; `WebDatasetLayout.encode` only encodes, and the generating thread adds the
 members to the shard in item order, so a shard's bytes do not depend on thread timing.
@@ -23,11 +25,13 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import media, shards
+from .spec import output_format
+from .spec.contract import PermanentFailure
 from .spec.items import Item
 from .spec.resolved import RuntimeSpec
 from .writer import atomic_write_bytes, atomic_write_text
@@ -66,17 +70,56 @@ def part_path(root: Path, chunk: int) -> Path:
 
 
 def read_part(root: Path, chunk: int) -> list[dict[str, Any]] | None:
-    """The entries of a finished chunk, or None when it is not finished."""
+    """The entries of a finished chunk (in today's shape, whichever version wrote them), or None
+    when it is not finished. A part file is renamed into place whole, so one that does not read
+    as entries was not written by a version this runtime knows: the folder is refused."""
+    path = part_path(root, chunk)
     try:
-        text = part_path(root, chunk).read_text()
+        text = path.read_text()
     except OSError:
         return None
     out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            return None  # not ours (renamed into place whole): treat the chunk as unfinished
+    try:
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                raw = json.loads(line)
+            except ValueError:
+                raise output_format.FormatError(f"line {number} is not JSON") from None
+            out.append(output_format.read_entry(raw))
+        if not out:
+            raise output_format.FormatError("lists no item")
+    except output_format.FormatError as e:
+        raise PermanentFailure("spec.output.path", f"{path} is not a part file this version reads ({e}); move it "
+                               f"away to render chunk {chunk} again, or use another output.path") from None
+    return out
+
+
+def resumed_plan(runtime: RuntimeSpec, plan: Any, recorded: dict[str, Any] | None) -> Any:
+    """The work plan (work.WorkPlan) of a run on this output folder: cut in the folder's chunks,
+    recorded in its job.json or, for a folder of format 2-3, read off its first part files."""
+    root = Path(runtime.output_dir)
+    fresh = output_format.Chunks(plan.start, plan.chunk_rows)
+    try:
+        folder = output_format.recorded_chunks(recorded) if recorded is not None else None
+        if folder is None:
+            rows = output_format.infer_chunk_rows(_first_parts_rows(root), plan.start, plan.rows)
+            folder = output_format.Chunks(plan.start, rows) if rows is not None else None
+    except output_format.FormatError as e:
+        raise PermanentFailure("spec.output.path", f"{root} {e}; use another output.path") from None
+    chunks = output_format.resume_chunks(folder, fresh, runtime.spec.output.layout, str(root))
+    return replace(plan, chunk_rows=chunks.chunk_rows)
+
+
+def _first_parts_rows(root: Path) -> dict[int, set[int]]:
+    """chunk -> the rows its part file lists, of the two lowest-numbered part files: enough to
+    tell the chunk size (chunk 0 alone may be the last one)."""
+    numbers = sorted(int(p.stem.rpartition("-")[2]) for p in (root / PARTS).glob("chunk-*.jsonl")
+                     if p.stem.rpartition("-")[2].isdigit())
+    out = {}
+    for chunk in numbers[:2]:
+        entries = read_part(root, chunk)
+        if entries:
+            out[chunk] = {e["promptIndex"] for e in entries}
     return out
 
 
@@ -189,14 +232,17 @@ class FilesLayout:
         return self.image_path(item).is_file() and self.meta_path(item).is_file()
 
     def kept(self, chunk: int, items: list[Item]) -> dict[str, dict[str, Any]]:
-        """Entries of this chunk's items already on disk (from an earlier attempt, or a duplicate)."""
+        """Entries of this chunk's items already on disk (from an earlier attempt, a duplicate, or
+        an earlier version: output_format.read_entry); an item whose JSON does not read is rendered again."""
         out = {}
+        per_row = self.runtime.spec.generation.images_per_prompt
         for item in items:
             if not self.item_done(item):
                 continue
             try:
-                entry = json.loads(self.meta_path(item).read_text())
-            except (OSError, ValueError):
+                raw = json.loads(self.meta_path(item).read_text())
+                entry = output_format.read_entry(raw, item.key, item.number(per_row))
+            except (OSError, ValueError):  # output_format.FormatError is a ValueError
                 continue
             entry["status"] = "skipped"
             out[item.key] = entry

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .spec import resume
+from .spec import output_format, resume
 from .spec.contract import PermanentFailure
 from .spec.items import Item
 from .spec.resolved import RuntimeSpec
@@ -63,15 +63,19 @@ def library_versions() -> dict[str, str]:
 
 
 class JobFile:
-    """job.json: the resolved spec, library versions, the world, the resume digest, timings."""
+    """job.json: the resolved spec, library versions, the world, the resume digest, the output
+    format and the folder's chunks (spec/output_format.py), timings."""
 
     def __init__(self, runtime: RuntimeSpec):
         self.runtime = runtime
         self.root = Path(runtime.output_dir)
         self.path = self.root / "job.json"
+        self.chunks: output_format.Chunks | None = None  # recorded by write(): the work plan's cut
 
-    def check_existing(self) -> None:
-        """Refuse to mix outputs of different parameters in one directory (every rank reads).
+    def check_existing(self) -> dict[str, Any] | None:
+        """Refuse to mix outputs of different parameters in one directory (every rank reads), or
+        to resume a folder of an output format this version does not read; returns the job.json
+        found (None when there is none yet).
 
         The resume contract (spec/resume.py) decides: a folder written by an older version of
         the same job resumes; one of other parameters is refused, naming the field to change.
@@ -79,12 +83,18 @@ class JobFile:
         try:
             recorded = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            return  # none yet, or unreadable: the first rank rewrites it
+            return None  # none yet, or unreadable: the first rank rewrites it
         if not isinstance(recorded, dict):
-            return
+            return None
+        try:
+            output_format.recorded_format(recorded)
+        except output_format.FormatError as e:
+            raise PermanentFailure("spec.output.path", f"{self.root} {e}; run it with that version, or use "
+                                   "another output.path") from None
         why = resume.mismatch(recorded, self.runtime.spec)
         if why:
             raise PermanentFailure("spec.output.path", f"{self.root} {why}; use another output.path or empty it")
+        return recorded
 
     def merged(self) -> bool:
         """Whether the job's outputs were merged already (job.json counts its items)."""
@@ -100,6 +110,8 @@ class JobFile:
             "namespace": self.runtime.namespace,
             "digestVersion": resume.DIGEST_VERSION,
             "specDigest": resume.spec_digest(self.runtime.spec),
+            "outputFormat": output_format.OUTPUT_FORMAT,
+            **({"plan": self.chunks.to_json()} if self.chunks is not None else {}),
             "spec": self.runtime.model_dump(by_alias=True, mode="json", exclude_none=True),
             "versions": library_versions(),
             "world": world,

@@ -11,6 +11,7 @@ so nothing here may import torch or diffusers, even indirectly. One concept per 
 - `resolved`: the runtime spec the operator hands to the pods;
 - `items`: work items and their seeds;
 - `resume`: when outputs already on the volume may be kept;
+- `output_format`: the output folder's versions, how older ones are read, the rule for changing it;
 - `manifests`: reading manifest files.
 
 The names most callers need are re-exported here.
