@@ -51,6 +51,17 @@ def _tiny_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid int value" message
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="muralist",
@@ -104,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--progress-tls-dir", default=None,
                    help="Read tls.crt, tls.key and ca.crt from this directory instead (cert-manager's Secret, "
                    "mounted); re-read every minute.")
+    # What all clients together may hold of the endpoint (any pod of the cluster can connect);
+    # unset: the endpoint's defaults (muralist_operator.progress.http1.Limits).
+    g.add_argument("--progress-max-connections", type=_positive(int), default=None, metavar="N",
+                   help="Open connections at most (default 4096); at the cap, the oldest that has not authenticated "
+                   "makes room.")
+    g.add_argument("--progress-handshake-timeout", type=_positive(float), default=None, metavar="SECONDS",
+                   help="From a connection's accept to the end of its TLS handshake (default 10).")
+    g.add_argument("--progress-request-timeout", type=_positive(float), default=None, metavar="SECONDS",
+                   help="From a request's first byte to its last; also how long a connection that has not "
+                   "authenticated may stay idle (default 10).")
+    g.add_argument("--progress-idle-timeout", type=_positive(float), default=None, metavar="SECONDS",
+                   help="How long a pod's connection may stay idle between posts (default 120).")
     g.add_argument("--progress-active-label", action="store_true",
                    help="Label this replica's pod (POD_ID) muralist.dev/progress-active=true while it reconciles, "
                    "for a progress Service in front of several replicas.")

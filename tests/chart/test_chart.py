@@ -71,7 +71,9 @@ def test_default_is_cluster_wide_and_restricted(helm: str) -> None:
     c = container(docs)
     assert c["args"] == ["operator", "--health-port", "8080", "--metrics-port", "9090",
                          "--progress-port", "8443", "--progress-url", "https://muralist-progress.muralist-system.svc:8443",
-                         "--progress-service", "muralist-progress", "--progress-tls-secret", "muralist-progress-tls",
+                         "--progress-service", "muralist-progress", "--progress-max-connections", "4096",
+                         "--progress-handshake-timeout", "10", "--progress-request-timeout", "10",
+                         "--progress-idle-timeout", "120", "--progress-tls-secret", "muralist-progress-tls",
                          "--log-format", "plain"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -212,6 +214,19 @@ def test_cert_manager_mode(helm: str, issuer: dict[str, str] | None) -> None:
     assert "Role" not in kinds(docs)  # no Secret to manage, no other replica to route around
 
 
+def test_progress_limits_reach_the_operator(helm: str) -> None:
+    from muralist_cli import build_parser
+    from muralist_operator.main import progress_limits
+    from muralist_operator.progress.http1 import Limits
+
+    # The chart's defaults are the endpoint's own, and what a user sets arrives as set.
+    assert progress_limits(build_parser().parse_args(container(render(helm))["args"])) == Limits()
+    limits = {"maxConnections": 100, "handshakeTimeoutSeconds": 2.5, "requestTimeoutSeconds": 5,
+              "idleTimeoutSeconds": 60}
+    args = container(render(helm, {"progress": {"enabled": True, "port": 8443, "limits": limits}}))["args"]
+    assert progress_limits(build_parser().parse_args(args)) == Limits(100, 2.5, 5, 60)
+
+
 def test_progress_off(helm: str) -> None:
     docs = render(helm, VALUES_SETS["no-progress"])
     args = container(docs)["args"]
@@ -232,6 +247,10 @@ def test_progress_off(helm: str) -> None:
          "/progress/certManager/issuerRef/kind"),
         ({"progress": {"enabled": True, "port": 8443, "certManager": {"duration": "1 year"}}},
          "/progress/certManager/duration"),
+        ({"progress": {"enabled": True, "port": 8443, "limits": {"maxConnections": 0}}},
+         "/progress/limits/maxConnections"),
+        ({"progress": {"enabled": True, "port": 8443, "limits": {"idleTimeoutSeconds": 0}}},
+         "/progress/limits/idleTimeoutSeconds"),
     ],
 )
 def test_schema_refuses_bad_values(helm: str, values: dict[str, Any], error: str) -> None:
