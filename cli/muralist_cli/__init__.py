@@ -121,10 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Open connections at most (default 4096); at the cap, the oldest that has not authenticated "
                    "makes room.")
     g.add_argument("--progress-handshake-timeout", type=_positive(float), default=None, metavar="SECONDS",
-                   help="From a connection's accept to the end of its TLS handshake (default 10).")
+                   help="From a connection's accept to the end of its TLS handshake (default 30).")
     g.add_argument("--progress-request-timeout", type=_positive(float), default=None, metavar="SECONDS",
                    help="From a request's first byte to its last; also how long a connection that has not "
-                   "authenticated may stay idle (default 10).")
+                   "authenticated may stay idle (default 30).")
     g.add_argument("--progress-idle-timeout", type=_positive(float), default=None, metavar="SECONDS",
                    help="How long a pod's connection may stay idle between posts (default 120).")
     g.add_argument("--progress-active-label", action="store_true",

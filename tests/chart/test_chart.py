@@ -72,7 +72,7 @@ def test_default_is_cluster_wide_and_restricted(helm: str) -> None:
     assert c["args"] == ["operator", "--health-port", "8080", "--metrics-port", "9090",
                          "--progress-port", "8443", "--progress-url", "https://muralist-progress.muralist-system.svc:8443",
                          "--progress-service", "muralist-progress", "--progress-max-connections", "4096",
-                         "--progress-handshake-timeout", "10", "--progress-request-timeout", "10",
+                         "--progress-handshake-timeout", "30", "--progress-request-timeout", "30",
                          "--progress-idle-timeout", "120", "--progress-tls-secret", "muralist-progress-tls",
                          "--log-format", "plain"]
     for probe in ("livenessProbe", "readinessProbe"):

@@ -24,6 +24,8 @@ async def _later(reply: http1.Reply) -> http1.Reply:
 def handler(request: http1.Request) -> http1.Reply | asyncio.Future[http1.Reply]:
     if request.path == "/boom":
         raise RuntimeError("handler bug")
+    if request.path == "/block":
+        time.sleep(1.0)  # holds the server's loop, as a burst of TLS handshakes on a loaded machine does
     body = b"%s %s %s %d" % (request.method.encode(), request.path.encode(), request.body, request.too_large)
     reply = http1.Reply(200, body, "text/plain", (("X-Seen", request.headers.get("x-seen", "-")),),
                         authenticated=request.path == "/auth")
@@ -228,6 +230,20 @@ def test_a_trickled_request_is_cut_at_the_request_timeout() -> None:
             assert closed_by_server(sock)
             assert 0.5 <= time.monotonic() - started < 2.5
         assert s.connections.closed["request timeout"] == 1
+    finally:
+        s.stop()
+
+
+def test_time_the_server_itself_was_held_up_does_not_count_against_a_client() -> None:
+    s = Server(http1.Limits(request_timeout=0.5))
+    try:
+        with s.connect() as waiting, s.connect() as blocker:
+            blocker.sendall(post("/block"))  # one second of the loop, twice the request timeout
+            assert read_reply(blocker, bytearray())[0] == 200
+            time.sleep(0.25)  # two sweeps after the hold-up
+            waiting.sendall(post("/x"))
+            assert read_reply(waiting, bytearray())[0] == 200
+        assert "idle before authenticating" not in s.connections.closed
     finally:
         s.stop()
 

@@ -306,6 +306,11 @@ class ProgressServer:
     def connections_seen(self) -> int:
         return self._http.seen if self._http is not None else 0
 
+    @property
+    def connections_closed(self) -> dict[str, int]:
+        """Connections the server ended, by reason (a limit of http1.Limits, or "idle")."""
+        return dict(self._http.closed) if self._http is not None else {}
+
     def _check(
         self, token: str | None, namespace: str, job: str, content_type: str, body: bytes
     ) -> tuple[int, str, PodReport | None, float]:
