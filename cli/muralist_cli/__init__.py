@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace", "-n", action="append", default=[], help="Watch this namespace (repeatable); default all."
     )
     p.add_argument("--runtime-image", default=None, help="Default runtime image (or MURALIST_RUNTIME_IMAGE).")
+    p.add_argument("--network-policies", action=argparse.BooleanOptionalAction, default=True,
+                   help="Give each DiffusionJob a NetworkPolicy that admits only its own pods to them (a job's "
+                   "spec.networkPolicy.enabled overrides it).")
     p.add_argument("--health-port", type=int, default=8080, help="Liveness/readiness endpoint port (0: off).")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off).")
     p.add_argument("--peering", default=None, help="kopf peering name, for several replicas (leader election).")

@@ -39,7 +39,8 @@ TLS_CHECK_SECONDS = {"secret": 3600.0, "mounted": 60.0}
 
 def settings_from(args: argparse.Namespace) -> OperatorSettings:
     image = args.runtime_image or os.environ.get(MURALIST_RUNTIME_IMAGE)
-    return OperatorSettings(runtime_image=image) if image else OperatorSettings()
+    settings = OperatorSettings(runtime_image=image) if image else OperatorSettings()
+    return dataclasses.replace(settings, network_policies=args.network_policies)
 
 
 def progress_limits(args: argparse.Namespace) -> Limits:
