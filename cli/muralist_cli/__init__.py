@@ -51,6 +51,17 @@ def _tiny_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid int value" message
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="muralist",
@@ -78,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace", "-n", action="append", default=[], help="Watch this namespace (repeatable); default all."
     )
     p.add_argument("--runtime-image", default=None, help="Default runtime image (or MURALIST_RUNTIME_IMAGE).")
+    p.add_argument("--network-policies", action=argparse.BooleanOptionalAction, default=True,
+                   help="Give each DiffusionJob a NetworkPolicy that admits only its own pods to them (a job's "
+                   "spec.networkPolicy.enabled overrides it).")
     p.add_argument("--health-port", type=int, default=8080, help="Liveness/readiness endpoint port (0: off).")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off).")
     p.add_argument("--peering", default=None, help="kopf peering name, for several replicas (leader election).")
@@ -104,6 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--progress-tls-dir", default=None,
                    help="Read tls.crt, tls.key and ca.crt from this directory instead (cert-manager's Secret, "
                    "mounted); re-read every minute.")
+    # What all clients together may hold of the endpoint (any pod of the cluster can connect);
+    # unset: the endpoint's defaults (muralist_operator.progress.http1.Limits).
+    g.add_argument("--progress-max-connections", type=_positive(int), default=None, metavar="N",
+                   help="Open connections at most (default 4096); at the cap, the oldest that has not authenticated "
+                   "makes room.")
+    g.add_argument("--progress-handshake-timeout", type=_positive(float), default=None, metavar="SECONDS",
+                   help="From a connection's accept to the end of its TLS handshake (default 30).")
+    g.add_argument("--progress-request-timeout", type=_positive(float), default=None, metavar="SECONDS",
+                   help="From a request's first byte to its last; also how long a connection that has not "
+                   "authenticated may stay idle (default 30).")
+    g.add_argument("--progress-idle-timeout", type=_positive(float), default=None, metavar="SECONDS",
+                   help="How long a pod's connection may stay idle between posts (default 120).")
     g.add_argument("--progress-active-label", action="store_true",
                    help="Label this replica's pod (POD_ID) muralist.dev/progress-active=true while it reconciles, "
                    "for a progress Service in front of several replicas.")

@@ -80,6 +80,7 @@ CEL_RULES: dict[str, list[dict[str, Any]]] = {
             "image",
             "resources",
             "podTemplate",
+            "networkPolicy",  # the operator creates it with the job, once
         )
     },
     "spec.parallelism": [

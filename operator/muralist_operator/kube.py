@@ -47,6 +47,7 @@ class Kube:
     batch: client.BatchV1Api
     custom: client.CustomObjectsApi
     authentication: client.AuthenticationV1Api
+    networking: client.NetworkingV1Api
 
     @classmethod
     def connect(cls, pool: int = 64) -> Kube:
@@ -59,6 +60,7 @@ class Kube:
             client.BatchV1Api(api),
             client.CustomObjectsApi(api),
             client.AuthenticationV1Api(api),
+            client.NetworkingV1Api(api),
         )
 
     # -- the DiffusionJob itself
@@ -98,6 +100,7 @@ class Kube:
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
             "Job": self.batch.create_namespaced_job,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }
         try:
             _unread(creators[obj["kind"]], ns, obj)

@@ -23,6 +23,7 @@ from muralist_operator.kube import Kube, load_config
 from muralist_operator.peering import Peering
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import TokenVerifier
+from muralist_operator.progress.http1 import Limits
 from muralist_operator.progress.server import ProgressServer
 from muralist_operator.progress.tls import TlsMaterial, ensure_certificate, read_mounted
 from muralist_operator.render import LABEL_JOB, OperatorSettings
@@ -38,7 +39,15 @@ TLS_CHECK_SECONDS = {"secret": 3600.0, "mounted": 60.0}
 
 def settings_from(args: argparse.Namespace) -> OperatorSettings:
     image = args.runtime_image or os.environ.get(MURALIST_RUNTIME_IMAGE)
-    return OperatorSettings(runtime_image=image) if image else OperatorSettings()
+    settings = OperatorSettings(runtime_image=image) if image else OperatorSettings()
+    return dataclasses.replace(settings, network_policies=args.network_policies)
+
+
+def progress_limits(args: argparse.Namespace) -> Limits:
+    """The endpoint's limits: its defaults, and whatever flags were given."""
+    given = {"max_connections": args.progress_max_connections, "handshake_timeout": args.progress_handshake_timeout,
+             "request_timeout": args.progress_request_timeout, "idle_timeout": args.progress_idle_timeout}
+    return Limits(**{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
 
 
 def operator_namespace(args: argparse.Namespace) -> str:
@@ -111,7 +120,7 @@ class Progress:
         verifier = TokenVerifier(self.kube.authentication, reconciler.pod_lookup)
         self.server = ProgressServer(
             verifier, reconciler.on_report, self.tls, host="0.0.0.0", port=self.args.progress_port,
-            is_active=is_active, job_exists=reconciler.job_exists,
+            limits=progress_limits(self.args), is_active=is_active, job_exists=reconciler.job_exists,
             interval=lambda _ns, _job: reconciler.aggregator.suggested_interval(),
             lookups_block=False,  # the pod lookup and job_exists read kopf's indexes: memory only
         ).start()

@@ -74,6 +74,8 @@ class OperatorSettings:
     # The PEM of the CA that signed the endpoint's certificate, handed to the pods in their spec
     # ConfigMap; None: the pods trust their image's CA bundle (a publicly issued certificate).
     progress_ca: str | None = None
+    # A NetworkPolicy per job (render_network_policy) unless the job says otherwise.
+    network_policies: bool = True
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,11 @@ class Children:
     service: dict[str, Any] | None  # None for a one-pod job: nobody to meet
     spec_config_map: dict[str, Any]
     job: dict[str, Any]
+    network_policy: dict[str, Any] | None = None  # None when switched off
 
     def all(self) -> list[dict[str, Any]]:
-        return [o for o in (self.service, self.spec_config_map, self.job) if o is not None]
+        # The policy first: no pod of the job is ever up without it.
+        return [o for o in (self.network_policy, self.service, self.spec_config_map, self.job) if o is not None]
 
 
 def needs_service(job: DiffusionJob) -> bool:
@@ -134,6 +138,35 @@ def render_service(job: DiffusionJob, namespace: str, settings: OperatorSettings
                 {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
                 for name, port in _ports(settings)
             ],
+        },
+    }
+
+
+def wants_network_policy(job: DiffusionJob, settings: OperatorSettings) -> bool:
+    asked = job.spec.network_policy.enabled
+    return settings.network_policies if asked is None else asked
+
+
+def render_network_policy(job: DiffusionJob, namespace: str) -> dict[str, Any]:
+    """Only the job's own pods may connect to its pods. What they serve each other: the work-claim
+    store on the first pod (a stranger adding to its counters would make items go missing, or
+    the merge start early), the rendezvous of a world that spans pods, and that world's process
+    groups (gloo and NCCL connect on ports they pick at random, so no port is named: every port
+    is the job's alone). Nothing else connects to a job's pods: no probes or metrics, and what
+    comes from the pod's own node (kubelet) is never subject to a NetworkPolicy. Outgoing
+    traffic is left alone (progress posts, model downloads, object storage)."""
+    def pods() -> dict[str, Any]:  # one object per use: YAML output would show a shared one as an anchor
+        return {"matchLabels": {LABEL_JOB: job.metadata.name}}
+
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, job.metadata.name, namespace, "network-policy"),
+        "spec": {
+            "podSelector": pods(),
+            "policyTypes": ["Ingress"],
+            # A peer with a podSelector alone is a pod of the policy's own namespace.
+            "ingress": [{"from": [{"podSelector": pods()}]}],
         },
     }
 
@@ -412,4 +445,5 @@ def render_children(
         service=render_service(job, namespace, settings) if needs_service(job) else None,
         spec_config_map=render_spec_config_map(job, namespace, settings),
         job=render_job(job, namespace, settings, active_deadline_seconds=active_deadline_seconds),
+        network_policy=render_network_policy(job, namespace) if wants_network_policy(job, settings) else None,
     )

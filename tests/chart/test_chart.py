@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from muralist_runtime.spec.api import GROUP, PLURAL, VERSION
 
 from tests.builders import make_job
 from tests.chart.conftest import CHART, REPO, dump, kinds, one, render, run
 from tests.kube_helpers import fate_annotations, wait_for
+from tests.network_policies import admitted, selected
 from tests.operator_helpers import OperatorProcess
 
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
@@ -67,11 +69,14 @@ def test_chart_crd_is_identical_to_generated_crd() -> None:
 def test_default_is_cluster_wide_and_restricted(helm: str) -> None:
     docs = render(helm)
     assert sorted(kinds(docs)) == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
-                                   "Deployment", "Role", "RoleBinding", "Service", "Service", "ServiceAccount"]
+                                   "Deployment", "NetworkPolicy", "Role", "RoleBinding", "Service", "Service",
+                                   "ServiceAccount"]
     c = container(docs)
     assert c["args"] == ["operator", "--health-port", "8080", "--metrics-port", "9090",
                          "--progress-port", "8443", "--progress-url", "https://muralist-progress.muralist-system.svc:8443",
-                         "--progress-service", "muralist-progress", "--progress-tls-secret", "muralist-progress-tls",
+                         "--progress-service", "muralist-progress", "--progress-max-connections", "4096",
+                         "--progress-handshake-timeout", "30", "--progress-request-timeout", "30",
+                         "--progress-idle-timeout", "120", "--progress-tls-secret", "muralist-progress-tls",
                          "--log-format", "plain"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -212,6 +217,63 @@ def test_cert_manager_mode(helm: str, issuer: dict[str, str] | None) -> None:
     assert "Role" not in kinds(docs)  # no Secret to manage, no other replica to route around
 
 
+def test_progress_limits_reach_the_operator(helm: str) -> None:
+    from muralist_cli import build_parser
+    from muralist_operator.main import progress_limits
+    from muralist_operator.progress.http1 import Limits
+
+    # The chart's defaults are the endpoint's own, and what a user sets arrives as set.
+    assert progress_limits(build_parser().parse_args(container(render(helm))["args"])) == Limits()
+    limits = {"maxConnections": 100, "handshakeTimeoutSeconds": 2.5, "requestTimeoutSeconds": 5,
+              "idleTimeoutSeconds": 60}
+    args = container(render(helm, {"progress": {"enabled": True, "port": 8443, "limits": limits}}))["args"]
+    assert progress_limits(build_parser().parse_args(args)) == Limits(100, 2.5, 5, 60)
+
+
+JOB_PODS = {"podSelector": {"matchExpressions": [{"key": "muralist.dev/job-name", "operator": "Exists"}]}}
+
+
+@pytest.mark.parametrize(("values", "namespaces"), [
+    ({}, {}),
+    ({"watchNamespaces": ["team-a", "team-b"]},
+     {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}),
+], ids=["cluster-wide", "namespaced"])
+def test_the_operators_network_policy_admits_job_pods_to_progress_and_anyone_to_metrics(
+        helm: str, values: dict[str, Any], namespaces: dict[str, Any]) -> None:
+    docs = render(helm, values)
+    policy = one(docs, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "muralist-system"
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": one(docs, "Deployment")["spec"]["selector"]["matchLabels"]},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"from": [{**JOB_PODS, "namespaceSelector": namespaces}], "ports": [{"port": 8443, "protocol": "TCP"}]},
+            {"ports": [{"port": 9090, "protocol": "TCP"}]},
+        ],
+    }
+    # And the operator may create each job's policy, in either mode.
+    rules = [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
+    assert {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]} in rules
+
+
+def test_network_policies_follow_their_values(helm: str) -> None:
+    from muralist_cli import build_parser
+    from muralist_operator.main import settings_from
+
+    def settings(docs: list[dict[str, Any]]) -> Any:
+        return settings_from(build_parser().parse_args(container(docs)["args"]))
+
+    assert settings(render(helm)).network_policies is True
+    docs = render(helm, {"networkPolicies": {"jobs": False, "operator": False}})
+    assert "NetworkPolicy" not in kinds(docs) and settings(docs).network_policies is False
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    docs = render(helm, {"networkPolicies": {"metricsFrom": monitoring}, "progress": {"enabled": False, "port": 8443}})
+    assert one(docs, "NetworkPolicy")["spec"]["ingress"] == [
+        {"ports": [{"port": 9090, "protocol": "TCP"}], "from": monitoring}]
+    docs = render(helm, {"progress": {"enabled": False, "port": 8443}, "metrics": {"enabled": False}})
+    assert one(docs, "NetworkPolicy")["spec"]["ingress"] == []  # only the kubelet, from the node
+
+
 def test_progress_off(helm: str) -> None:
     docs = render(helm, VALUES_SETS["no-progress"])
     args = container(docs)["args"]
@@ -232,6 +294,12 @@ def test_progress_off(helm: str) -> None:
          "/progress/certManager/issuerRef/kind"),
         ({"progress": {"enabled": True, "port": 8443, "certManager": {"duration": "1 year"}}},
          "/progress/certManager/duration"),
+        ({"progress": {"enabled": True, "port": 8443, "limits": {"maxConnections": 0}}},
+         "/progress/limits/maxConnections"),
+        ({"progress": {"enabled": True, "port": 8443, "limits": {"idleTimeoutSeconds": 0}}},
+         "/progress/limits/idleTimeoutSeconds"),
+        ({"networkPolicies": {"jobs": "yes"}}, "/networkPolicies/jobs"),
+        ({"networkPolicies": {"metricsFrom": {"namespaceSelector": {}}}}, "/networkPolicies/metricsFrom"),
     ],
 )
 def test_schema_refuses_bad_values(helm: str, values: dict[str, Any], error: str) -> None:
@@ -362,6 +430,50 @@ def test_server_side_dry_run_accepts_rendered_manifests(
     accepted = [d for d in docs if d["kind"] != "ServiceMonitor" and d["kind"] not in CERT_MANAGER_KINDS]
     out = kubectl(control_plane, "apply", "--dry-run=server", "-o", "name", "-f", "-", stdin=dump(accepted))
     assert len(out.split()) == len(accepted), out
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("namespaced", [False, True], ids=["cluster-wide", "namespaced"])
+def test_the_operators_network_policy_selects_it_and_admits_only_job_pods(
+        core_v1: Any, helm: str, release_namespace: str, namespaced: bool) -> None:
+    """The chart's policy as the API server stores it, evaluated with its own label selectors
+    (tests/network_policies.py) over pods made for the purpose."""
+    suffix = uuid.uuid4().hex[:8]
+    watched, unwatched, monitoring = f"team-{suffix}", f"other-{suffix}", f"monitoring-{suffix}"
+    namespaces = [release_namespace, watched, unwatched, monitoring]
+    scrapers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": monitoring}}}]
+    values: dict[str, Any] = {"networkPolicies": {"metricsFrom": scrapers},
+                              **({"watchNamespaces": [watched]} if namespaced else {})}
+    docs = render(helm, values, namespace=release_namespace)
+    for ns in namespaces[1:]:
+        core_v1.create_namespace({"metadata": {"name": ns, "labels": {"muralist.dev/test": "true"}}})
+    try:
+        for ns in namespaces:
+            wait_for(lambda ns=ns: core_v1.read_namespaced_service_account("default", ns), message=f"{ns}/default")
+        created = client.NetworkingV1Api(core_v1.api_client).create_namespaced_network_policy(
+            release_namespace, one(docs, "NetworkPolicy"))
+        policy = core_v1.api_client.sanitize_for_serialization(created)
+        operator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+        pods = {
+            (release_namespace, "operator"): operator_labels,
+            (release_namespace, "stranger"): {"app": "stranger"},
+            (watched, "cats-0"): {"muralist.dev/job-name": "cats"},
+            (watched, "web"): {"app": "web"},
+            (unwatched, "dogs-0"): {"muralist.dev/job-name": "dogs"},
+            (monitoring, "prometheus"): {"app": "prometheus"},
+        }
+        for (ns, name), labels in pods.items():
+            core_v1.create_namespaced_pod(ns, {"metadata": {"name": name, "labels": labels},
+                                               "spec": {"containers": [{"name": "c", "image": "example.com/c"}]}})
+
+        assert selected(core_v1, policy) == {(release_namespace, "operator")}
+        job_pods = {(watched, "cats-0")} | (set() if namespaced else {(unwatched, "dogs-0")})
+        assert admitted(core_v1, policy, namespaces, port=8443) == job_pods
+        assert admitted(core_v1, policy, namespaces, port=9090) == {(monitoring, "prometheus")}
+        assert admitted(core_v1, policy, namespaces, port=8080) == set()  # health: the kubelet, from the node
+    finally:
+        for ns in namespaces[1:]:
+            core_v1.delete_namespace(ns)
 
 
 def token_kubeconfig(control_plane: Any, account: str, namespace: str, path: Path) -> Path:

@@ -24,20 +24,23 @@ async def _later(reply: http1.Reply) -> http1.Reply:
 def handler(request: http1.Request) -> http1.Reply | asyncio.Future[http1.Reply]:
     if request.path == "/boom":
         raise RuntimeError("handler bug")
+    if request.path == "/block":
+        time.sleep(1.0)  # holds the server's loop, as a burst of TLS handshakes on a loaded machine does
     body = b"%s %s %s %d" % (request.method.encode(), request.path.encode(), request.body, request.too_large)
-    reply = http1.Reply(200, body, "text/plain", (("X-Seen", request.headers.get("x-seen", "-")),))
+    reply = http1.Reply(200, body, "text/plain", (("X-Seen", request.headers.get("x-seen", "-")),),
+                        authenticated=request.path == "/auth")
     if request.path == "/later":
         return asyncio.ensure_future(_later(reply))
     return reply
 
 
 class Server:
-    def __init__(self, keepalive_timeout: float = 30.0) -> None:
+    def __init__(self, limits: http1.Limits | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         sock = socket.create_server(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.server, self.connections = self.loop.run_until_complete(
-            http1.serve(handler, sock, None, MAX_BODY, keepalive_timeout))
+            http1.serve(handler, sock, None, MAX_BODY, limits or http1.Limits(idle_timeout=30.0)))
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
@@ -193,14 +196,81 @@ def test_the_client_can_end_the_connection(server: Server, request_bytes: bytes)
         assert closed_by_server(sock)
 
 
-def test_idle_connections_are_closed_after_the_keepalive_timeout() -> None:
-    s = Server(keepalive_timeout=0.2)
+def test_an_authenticated_connection_idles_for_the_keepalive_timeout_others_for_the_request_timeout() -> None:
+    s = Server(http1.Limits(request_timeout=0.3, idle_timeout=1.5))
+    try:
+        with s.connect() as proven, s.connect() as unproven:
+            proven.sendall(post("/auth"))
+            unproven.sendall(post("/x"))
+            assert read_reply(proven, bytearray())[0] == read_reply(unproven, bytearray())[0] == 200
+            started = time.monotonic()
+            assert closed_by_server(unproven)  # recv waits (up to its 5 s timeout) for the sweep
+            assert time.monotonic() - started < 1.2  # the request timeout and a sweep, not the idle timeout
+            assert closed_by_server(proven)
+            assert time.monotonic() - started >= 1.2
+        assert not s.connections.open
+        assert s.connections.closed == {"idle before authenticating": 1, "idle": 1}
+    finally:
+        s.stop()
+
+
+def test_a_trickled_request_is_cut_at_the_request_timeout() -> None:
+    s = Server(http1.Limits(request_timeout=0.5, idle_timeout=30))
     try:
         with s.connect() as sock:
-            sock.sendall(post("/x"))
-            assert read_reply(sock, bytearray())[0] == 200
-            assert closed_by_server(sock)  # recv waits (up to its 5 s timeout) for the sweep to close it
-        assert not s.connections.open
+            sock.sendall(post("/auth"))
+            assert read_reply(sock, bytearray())[0] == 200  # authenticated: may idle 30 s
+            started = time.monotonic()
+            for byte in post("/slow", b"x" * 20):  # a byte every 50 ms: never quiet, never done
+                try:
+                    sock.send(bytes([byte]))
+                except OSError:
+                    break
+                time.sleep(0.05)
+            assert closed_by_server(sock)
+            assert 0.5 <= time.monotonic() - started < 2.5
+        assert s.connections.closed["request timeout"] == 1
+    finally:
+        s.stop()
+
+
+def test_time_the_server_itself_was_held_up_does_not_count_against_a_client() -> None:
+    s = Server(http1.Limits(request_timeout=0.5))
+    try:
+        with s.connect() as waiting, s.connect() as blocker:
+            blocker.sendall(post("/block"))  # one second of the loop, twice the request timeout
+            assert read_reply(blocker, bytearray())[0] == 200
+            time.sleep(0.25)  # two sweeps after the hold-up
+            waiting.sendall(post("/x"))
+            assert read_reply(waiting, bytearray())[0] == 200
+        assert "idle before authenticating" not in s.connections.closed
+    finally:
+        s.stop()
+
+
+def test_at_the_cap_the_oldest_unauthenticated_connection_makes_room() -> None:
+    s = Server(http1.Limits(max_connections=3))
+    try:
+        with s.connect() as proven, s.connect() as old, s.connect() as young:
+            proven.sendall(post("/auth"))
+            assert read_reply(proven, bytearray())[0] == 200
+            young.sendall(post("/x"))  # served, but not authenticated: still droppable
+            assert read_reply(young, bytearray())[0] == 200
+            with s.connect() as newest:
+                assert closed_by_server(old)
+                newest.sendall(post("/auth"))
+                assert read_reply(newest, bytearray())[0] == 200
+                with s.connect() as next_one:
+                    assert closed_by_server(young)
+                    next_one.sendall(post("/auth"))
+                    assert read_reply(next_one, bytearray())[0] == 200
+                    # Every open connection has authenticated: a new one is refused, they stay.
+                    with s.connect() as refused:
+                        assert closed_by_server(refused)
+                    for sock in (proven, newest, next_one):
+                        sock.sendall(post("/auth"))
+                        assert read_reply(sock, bytearray())[0] == 200
+        assert s.connections.closed == {"dropped for a newer connection at the cap": 2, "over capacity": 1}
     finally:
         s.stop()
 

@@ -11,6 +11,7 @@ from http import HTTPStatus
 from typing import Any
 
 import pytest
+from muralist_operator.progress import http1
 from muralist_operator.progress.auth import Identity, Verdict
 from muralist_operator.progress.report import PodReport
 from muralist_operator.progress.server import ProgressServer, RefusalLog, client_context
@@ -70,7 +71,7 @@ def body(**changes: Any) -> dict[str, Any]:
 
 
 class Harness:
-    def __init__(self, lookups_block: bool = True) -> None:
+    def __init__(self, lookups_block: bool = True, limits: http1.Limits = http1.DEFAULT_LIMITS) -> None:
         self.active = True
         self.interval = 3
         self.reports: list[tuple[str, str, PodReport]] = []
@@ -80,6 +81,7 @@ class Harness:
             StubVerifier(), self.on_report, TLS, host="127.0.0.1", port=0, is_active=lambda: self.active,
             job_exists=lambda ns, job: job in ("cats", "dogs"), interval=lambda ns, job: self.interval,
             max_body=2048, lookups_block=lookups_block, coalesce=0.005,  # the default 50 ms, shorter
+            limits=limits,
         )
 
     def on_report(self, namespace: str, job: str, report: PodReport) -> None:
@@ -191,6 +193,32 @@ def test_posts_reuse_one_keep_alive_connection(harness: Harness) -> None:
     assert len(sockets) == 1
     assert harness.server.connections_seen == 1
     assert [r.completed for _, _, r in harness.reports] == [1, 2, 3, 4, 5]
+
+
+def ended_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, ssl.SSLError):  # aborted: a reset, or a TLS record cut short
+        return True
+
+
+def test_over_tls_only_a_pod_that_posted_keeps_its_connection() -> None:
+    h = Harness(limits=http1.Limits(handshake_timeout=0.3, request_timeout=0.3, idle_timeout=30))
+    h.server.start()
+    h.conn = SniConnection(h.server.port, client_context(TLS.ca_pem or b""))
+    try:
+        assert h.post()[0] == 204
+        silent = socket.create_connection(("127.0.0.1", h.server.port), timeout=5)  # never a TLS hello
+        shook = client_context(TLS.ca_pem or b"").wrap_socket(  # a handshake, then nothing
+            socket.create_connection(("127.0.0.1", h.server.port), timeout=5), server_hostname=SNI)
+        with silent, shook:
+            assert ended_by_server(silent) and ended_by_server(shook)  # each waits (up to 5 s) for it
+        assert h.post()[0] == 204  # the pod's connection outlived both
+        assert h.server.connections_seen == 3
+        assert h.server.connections_closed == {"handshake timeout": 1, "idle before authenticating": 1}
+    finally:
+        h.conn.close()
+        h.server.stop()
 
 
 def test_certificate_is_checked_against_the_service_name(harness: Harness) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from muralist_operator.render import (
     CONFIGMAP_MAX_BYTES,
     OperatorSettings,
@@ -89,7 +90,7 @@ def test_a_context_parallel_group_across_pods_leaves_rank_and_master_to_the_laun
 
 def test_pods_carry_no_api_credentials_only_a_progress_token() -> None:
     children = render_children(make_job("cats").world(nodes=2).job(), "ns", SETTINGS)
-    assert [o["kind"] for o in children.all()] == ["Service", "ConfigMap", "Job"]
+    assert [o["kind"] for o in children.all()] == ["NetworkPolicy", "Service", "ConfigMap", "Job"]
     pod = children.job["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -131,9 +132,53 @@ def test_a_claims_port_of_the_operators_settings_is_the_one_pods_use_and_expose(
 
 def test_a_one_pod_job_has_nobody_to_meet() -> None:
     children = render_children(make_job("cats").job(), "ns", SETTINGS)
-    assert children.service is None and [o["kind"] for o in children.all()] == ["ConfigMap", "Job"]
+    assert children.service is None and [o["kind"] for o in children.all()] == ["NetworkPolicy", "ConfigMap", "Job"]
     assert "subdomain" not in children.job["spec"]["template"]["spec"]
     assert env_of(children.job)["MURALIST_CLAIMS_ADDR"] == "127.0.0.1:29400"
+
+
+def test_only_the_jobs_own_pods_may_connect_to_its_pods() -> None:
+    children = render_children(make_job("cats").world(nodes=2).job(), "ns", SETTINGS)
+    assert children.network_policy == {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "cats", "namespace": "ns", "labels": {
+            "app.kubernetes.io/name": "muralist", "app.kubernetes.io/managed-by": "muralist-operator",
+            "muralist.dev/job-name": "cats", "app.kubernetes.io/component": "network-policy"}},
+        "spec": {
+            "podSelector": {"matchLabels": {"muralist.dev/job-name": "cats"}},
+            # Ingress only, and every port: gloo and NCCL pick theirs at random.
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"muralist.dev/job-name": "cats"}}}]}],
+        },
+    }
+    assert "&id" not in yaml.safe_dump(children.network_policy)  # `muralist render` shows no YAML anchors
+    # It selects the job's pods, whatever labels the user adds to them.
+    labeled = make_job("cats").world(nodes=2).pod_template(labels={"muralist.dev/job-name": "dogs"}).job()
+    pod_labels = render_children(labeled, "ns", SETTINGS).job["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["muralist.dev/job-name"] == "cats"
+
+
+@pytest.mark.parametrize(("operator", "job", "rendered"), [
+    (True, None, True), (True, True, True), (True, False, False),
+    (False, None, False), (False, True, True), (False, False, False),
+])
+def test_the_job_says_whether_it_gets_a_network_policy_else_the_operator(
+        operator: bool, job: bool | None, rendered: bool) -> None:
+    built = make_job("cats")
+    if job is not None:
+        built.set("spec.networkPolicy.enabled", job)
+    children = render_children(built.job(), "ns", replace(SETTINGS, network_policies=operator))
+    assert (children.network_policy is not None) is rendered
+    assert [o["kind"] for o in children.all()][-2:] == ["ConfigMap", "Job"]
+
+
+def test_the_operator_setting_comes_from_its_flag() -> None:
+    from muralist_cli import build_parser
+    from muralist_operator.main import settings_from
+
+    assert settings_from(build_parser().parse_args(["operator"])).network_policies is True
+    assert settings_from(build_parser().parse_args(["operator", "--no-network-policies"])).network_policies is False
 
 
 def test_spec_config_map_holds_the_resolved_runtime_spec() -> None:

@@ -90,6 +90,10 @@ kopf handlers in handlers.py), and nothing more.
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["create"]
+# Each job's NetworkPolicy (only its own pods reach its pods), unless switched off.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create"]
 # One Event per transition of a DiffusionJob.
 - apiGroups: [""]
   resources: ["events"]

@@ -1,9 +1,11 @@
 """The HTTPS endpoint pods post progress to, on its own thread and event loop.
 
 Not on kopf's loop: a burst of 1,000 posts (or a slow TokenReview) must not delay watch
-events, and kopf's loop must not delay the posts. HTTP is framed by http1 (httptools). A post
-whose token is cached is checked on the loop (memory only); a TokenReview (and a pod lookup
-that may block) runs on a small thread pool, and the loop goes on meanwhile.
+events, and kopf's loop must not delay the posts. HTTP is framed by http1 (httptools), which
+also caps the connections and puts each on a clock (http1.Limits: any pod of the cluster can
+connect), and TLS starts only once a client speaks (tls_accept). A post whose token is cached
+is checked on the loop (memory only); a TokenReview (and a pod lookup that may block) runs on
+a small thread pool, and the loop goes on meanwhile.
 
     POST /v1/namespaces/{namespace}/diffusionjobs/{job}/progress
       204  accepted: keep posting at the default interval (report.DEFAULT_POST_INTERVAL_SECONDS)
@@ -47,8 +49,6 @@ log = logging.getLogger("muralist.progress.server")
 
 PATH = "/v1/namespaces/{namespace}/diffusionjobs/{job}/progress"
 MAX_BODY_BYTES = 16 * 1024
-# Longer than the longest post interval, so a pod keeps one connection (and one TLS handshake).
-KEEPALIVE_SECONDS = 120.0
 REFUSAL_LOG_WINDOW_SECONDS = 60.0
 
 OnReport = Callable[[str, str, PodReport], None]
@@ -106,7 +106,8 @@ def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ())
     return http1.Reply(status, json.dumps({"error": message}).encode(), "application/json", headers)
 
 
-_NO_CONTENT = http1.Reply(204)
+# An accepted post: the pod's connection may stay open between posts (http1.Limits).
+_NO_CONTENT = http1.Reply(204, authenticated=True)
 _RETRY = (("Retry-After", "5"),)
 
 
@@ -123,7 +124,7 @@ class ProgressServer:
         job_exists: Callable[[str, str], bool] | None = None,
         interval: Callable[[str, str], float] | None = None,
         max_body: int = MAX_BODY_BYTES,
-        keepalive_timeout: float = KEEPALIVE_SECONDS,
+        limits: http1.Limits = http1.DEFAULT_LIMITS,
         workers: int = 4,
         refusals: RefusalLog | None = None,
         lookups_block: bool = True,
@@ -139,7 +140,9 @@ class ProgressServer:
         `interval` only read memory (the operator's kopf indexes): a post whose token is cached
         is then checked on the loop itself, which saves the thread hop (~20 % of the server's
         CPU at 350 posts/s, benchmarks/progress_load.py). `coalesce`: how long the loop lingers
-        after a wake-up to serve more posts with it (see http1; 0: not at all)."""
+        after a wake-up to serve more posts with it (see http1; 0: not at all). `limits`: what
+        all clients together may hold (connections, handshake, request and idle timeouts: see
+        http1.Limits); an accepted post is what lets a connection stay for the idle timeout."""
         self._verifier = verifier
         self._on_report = on_report
         self._ssl = server_context(tls) if tls is not None else None
@@ -148,7 +151,7 @@ class ProgressServer:
         self._job_exists = job_exists
         self._interval = interval
         self._max_body = max_body
-        self._keepalive = keepalive_timeout
+        self.limits = limits
         self._workers = workers
         self._refusals = refusals or RefusalLog()
         self._lookups_block = lookups_block
@@ -207,7 +210,7 @@ class ProgressServer:
         self._loop = loop
         try:
             server, connections = loop.run_until_complete(
-                http1.serve(self._route, sock, self._ssl, self._max_body, self._keepalive))
+                http1.serve(self._route, sock, self._ssl, self._max_body, self.limits))
         except BaseException as e:  # reported by start()
             self._start_error = e
             self._started.set()
@@ -287,7 +290,8 @@ class ProgressServer:
             return self._counted(_error(500, "the operator could not take the report"))
         if interval == DEFAULT_POST_INTERVAL_SECONDS:
             return self._counted(_NO_CONTENT)
-        return self._counted(http1.Reply(200, json.dumps({"intervalSeconds": interval}).encode(), "application/json"))
+        return self._counted(http1.Reply(200, json.dumps({"intervalSeconds": interval}).encode(), "application/json",
+                                         authenticated=True))
 
     def _refused(self, status: int, namespace: str, job: str, reason: str, peer: str,
                  message: str | None = None) -> http1.Reply:
@@ -301,6 +305,11 @@ class ProgressServer:
     @property
     def connections_seen(self) -> int:
         return self._http.seen if self._http is not None else 0
+
+    @property
+    def connections_closed(self) -> dict[str, int]:
+        """Connections the server ended, by reason (a limit of http1.Limits, or "idle")."""
+        return dict(self._http.closed) if self._http is not None else {}
 
     def _check(
         self, token: str | None, namespace: str, job: str, content_type: str, body: bytes

@@ -262,6 +262,17 @@ class Output(ApiModel):
         return relative_path(value)
 
 
+class NetworkPolicySpec(ApiModel):
+    enabled: bool | None = Field(
+        None,
+        description="Give the job a NetworkPolicy that lets only its own pods connect to its pods: to the "
+        "work-claim store on the first pod, the rendezvous of worlds that span pods and their process groups "
+        "(outgoing traffic stays open). Default: the operator's setting (on unless the Helm chart's "
+        "networkPolicies.jobs is false). Enforced only where the cluster's network plugin enforces "
+        "NetworkPolicies (Calico, Cilium, ...).",
+    )
+
+
 class DiffusionJobSpec(ApiModel):
     model: ModelSpec = Field(description="The diffusion model to load.")
     prompts: list[str | PromptSpec] = Field(
@@ -289,6 +300,9 @@ class DiffusionJobSpec(ApiModel):
     pod_template: PodTemplate = Field(default_factory=PodTemplate, description="Pod scheduling and metadata.")
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy, description="Restarts, deadlines, suspension and queueing."
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="Who may connect to the job's pods."
     )
 
     @field_validator("prompts")
