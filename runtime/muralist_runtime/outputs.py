@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import media, shards
+from . import media, shards, temps
 from .spec.items import Item
 from .spec.resolved import RuntimeSpec
 from .writer import atomic_write_bytes, atomic_write_text
@@ -176,8 +176,7 @@ class FilesLayout:
     def prepare(self) -> None:
         self.images.mkdir(parents=True, exist_ok=True)
         (self.root / PARTS).mkdir(parents=True, exist_ok=True)
-        for directory in (self.root, self.images, self.root / PARTS):
-            shards.remove_stale_temps(directory)
+        temps.remove_stale_in(self.root)
 
     def image_path(self, item: Item) -> Path:
         return self.images / f"{item.key}.{self.ext}"
@@ -251,7 +250,7 @@ class WebDatasetLayout:
     def prepare(self) -> None:
         self.shards.mkdir(parents=True, exist_ok=True)
         (self.root / PARTS).mkdir(parents=True, exist_ok=True)
-        shards.remove_stale_temps(self.shards)
+        temps.remove_stale_in(self.root)
 
     def item_done(self, item: Item) -> bool:
         return False  # a shard is all or nothing: items are never done on their own
