@@ -289,7 +289,7 @@ def _page_html(head: _Head, page: _Page, known: int, total: _Total | None) -> st
 
 def _atomic_write(path: Path, text: str) -> None:
     # The output tree's temp names (temps.py): the clean-ups at start and after the merge find ours.
-    temps.write_atomic(path, text.encode("utf-8"), durable=False)
+    temps.write_atomic(path, text.encode("utf-8"), fsync=False)
 
 
 def _remove_pages_after(gallery: Path, last: int) -> None:

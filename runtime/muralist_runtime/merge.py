@@ -59,7 +59,7 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
 
     try:
         write_gallery(root, title, stream(), page_size=page_size, caption=caption)
-        temps.publish(tmp, manifest, durable=False)  # derived from the part files: rewritten by a rerun
+        temps.publish(tmp, manifest, sync_dir=False)  # derived from the part files: rewritten by a rerun
         index.close()
     except BaseException:
         index.abort()

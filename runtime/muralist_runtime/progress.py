@@ -107,7 +107,7 @@ class RankFile:
     def _write(self, text: str) -> None:
         try:
             with self._write_lock:  # a forced update and the thread's own: one temp name per process
-                temps.write_atomic(self.path, text.encode(), durable=False)
+                temps.write_atomic(self.path, text.encode(), fsync=False)
         except OSError as e:  # progress must never break generation
             log.warning("cannot write %s: %s", self.path, e)
 

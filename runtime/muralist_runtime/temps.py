@@ -68,8 +68,8 @@ def closed(tmp: Path) -> None:
     _OPEN.discard(tmp)
 
 
-def publish(tmp: Path, final: Path, durable: bool = True) -> None:
-    """Rename a complete temp into place (`durable`: and fsync the directory, so the rename
+def publish(tmp: Path, final: Path, sync_dir: bool = True) -> None:
+    """Rename a complete temp into place (`sync_dir`: and fsync the directory, so the rename
     survives a crash of the machine); raises TempRemoved when the temp is gone."""
     closed(tmp)
     try:
@@ -78,7 +78,7 @@ def publish(tmp: Path, final: Path, durable: bool = True) -> None:
         if tmp.parent.is_dir():
             raise TempRemoved(final) from None
         raise
-    if durable:
+    if sync_dir:
         fd = os.open(final.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -86,15 +86,16 @@ def publish(tmp: Path, final: Path, durable: bool = True) -> None:
             os.close(fd)
 
 
-def write_atomic(final: Path, data: bytes, durable: bool = True) -> None:
-    """Write `data` to a temp beside `final` (fsynced when `durable`) and publish it."""
+def write_atomic(final: Path, data: bytes, fsync: bool = True) -> None:
+    """Write `data` to a temp beside `final` (fsynced when `fsync`) and rename it into place.
+    The directory is not synced: one per item would cost a round trip each on a network volume."""
     tmp = temp_path(final)
     with open(tmp, "wb") as f:
         f.write(data)
-        if durable:
+        if fsync:
             f.flush()
             os.fsync(f.fileno())
-    publish(tmp, final, durable)
+    publish(tmp, final, sync_dir=False)
 
 
 def _temps(directory: Path) -> Iterator[tuple[Path, re.Match[str] | None]]:
