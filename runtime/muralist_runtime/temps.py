@@ -9,8 +9,10 @@ claim-store restart); dots in a host name become '_', so the name parses back.
 
 A writer that is killed leaves its temp behind. Two clean-ups remove them:
 - at start, each writing rank removes the stale temps of the tree (`remove_stale_in`): those
-  of this host whose process is gone (or is this process, from an earlier life, and not open
-  now), and another host's untouched for an hour: that pod's writer may still be alive;
+  of this host whose process is gone (its pid free, or taken by a process that started after
+  the temp's last write, as in a pod retried under the same host name; or this process, from
+  an earlier life, and not open now), and another host's untouched for an hour: that pod's
+  writer may still be alive;
 - once the job has merged, the first pod removes every temp left (`remove_all_in`): every
   chunk is finished then, so a temp is either dead or a slow duplicate's (a sweeping group
   still rendering a chunk that another group finished). The duplicate writes on into the
@@ -34,6 +36,8 @@ _TMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]*)-(?P<pid>\d+)\.tmp$")
 _OLDER_NAMES = re.compile(r"^\..+\.(?:\d+|merge)\.tmp$")
 # A temp of another host is its writer's until it has been untouched this long.
 FOREIGN_STALE_SECONDS = 3600.0
+# How far a network volume's clock (which stamps a temp's mtime) may be behind this node's.
+CLOCK_SKEW_SECONDS = 10.0
 # Temps of this process that are still being written: never stale.
 _OPEN: set[Path] = set()
 
@@ -133,13 +137,14 @@ def remove_stale(directory: Path, min_age_s: float = FOREIGN_STALE_SECONDS) -> l
     removed = []
     host, now = _host(), time.time()
     for path, m in _temps(directory):
+        try:
+            written = path.stat().st_mtime
+        except FileNotFoundError:  # its writer just renamed or removed it
+            continue
         if m is not None and m["host"] == host:
-            stale = int(m["pid"]) == os.getpid() or not _alive(int(m["pid"]))
+            stale = int(m["pid"]) == os.getpid() or not _alive(int(m["pid"]), written)
         else:
-            try:
-                stale = now - path.stat().st_mtime >= min_age_s
-            except FileNotFoundError:  # its writer just renamed or removed it
-                continue
+            stale = now - written >= min_age_s
         if stale:
             path.unlink(missing_ok=True)
             removed.append(path)
@@ -162,7 +167,16 @@ def remove_all_in(root: Path) -> list[Path]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, written: float) -> bool:
+    """Whether the process that wrote a temp (last at `written`) may still be running.
+
+    A pod retried under the same host name (an indexed Job's pods are `<job>-<index>`) has a pid
+    namespace of its own, where the dead writer's pid may be a new process or a thread: a
+    process (or thread) that started after the temp's last write is not its writer.
+    """
+    started = _start_time(pid)
+    if started is not None:
+        return started <= written + CLOCK_SKEW_SECONDS
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -170,3 +184,14 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # exists, another user's
         return True
     return True
+
+
+def _start_time(pid: int) -> float | None:
+    """When a process (or thread) started, from /proc (None: no such pid, or no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, IndexError, StopIteration, ValueError):
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in clock ticks

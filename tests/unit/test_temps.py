@@ -182,3 +182,18 @@ def test_the_clean_up_at_start_keeps_what_may_be_alive(tmp_path: Path) -> None:
     os.utime(old, (hour_ago, hour_ago))
     assert sorted(temps.remove_stale_in(tmp_path)) == sorted([dead, old])
     assert live.close().is_file() and fresh.is_file()
+
+
+def test_a_dead_writers_pid_taken_by_a_newer_process_does_not_keep_its_temp(tmp_path: Path) -> None:
+    """A pod retried under the same host name: the dead writer's pid is another process now."""
+    newer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        temp = tmp_path / f".shard-000005.tar.{temps._host()}-{newer.pid}.tmp"
+        temp.write_bytes(b"partial")
+        written = time.time() - 60  # the writer's last write, a minute before this process started
+        os.utime(temp, (written, written))
+        assert temps.remove_stale(tmp_path) == [temp]
+        temp.write_bytes(b"partial")  # written by that process, now: its writer may be alive
+        assert temps.remove_stale(tmp_path) == []
+    finally:
+        newer.communicate(b"")
