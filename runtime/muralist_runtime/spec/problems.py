@@ -66,7 +66,7 @@ def _loc_to_path(loc: tuple[int | str, ...]) -> str:
             parts.append(f"[{item}]")
         elif item in ("str", "PromptSpec") or item.startswith(("function-", "union[")):
             continue  # pydantic's union-branch markers are noise for a user
-        elif _PLAIN_KEY.fullmatch(item):
+        elif _PLAIN_KEY.fullmatch(item) or item == "[key]":  # [key]: pydantic's mark of a bad map key
             parts.append(("." if parts else "") + item)
         else:  # a key the user made up: quoted, so that dots, spaces or newlines in it stay readable
             parts.append(f"[{json.dumps(item if len(item) <= SHOWN_CHARS else item[:SHOWN_CHARS] + '...')}]")
