@@ -85,10 +85,11 @@ def writing_pods(dj: DJ, out: Path) -> dict[int, Any]:
             and p.status.container_statuses[0].container_id}
 
 
-def kill(cluster: RealCluster, pod: Any) -> None:
-    """SIGKILL to every process of the pod's container at once, as the OOM killer does."""
+def kill(cluster: RealCluster, pod: Any) -> bool:
+    """SIGKILL to every process of the pod's container at once, as the OOM killer does; False
+    when its processes had ended already."""
     container = pod.status.container_statuses[0].container_id.split("://", 1)[1]
-    cluster.ctr("task", "kill", "--all", "--signal", "SIGKILL", container)
+    return cluster.ctr("task", "kill", "--all", "--signal", "SIGKILL", container, check=False).returncode == 0
 
 
 @needs_runtime
@@ -110,12 +111,14 @@ def test_a_data_set_job_killed_three_times_loses_nothing_and_leaves_no_temp(
                 assert real_dj.status("chaos").get("phase") != "Succeeded", (
                     f"the job finished after {len(killed)} kills: make it longer")
                 pods = writing_pods(real_dj, out) if finished_shards() >= threshold else {}
-                return pods[rng.choice(sorted(pods))] if pods else None
+                if not pods:
+                    return None
+                pod = pods[rng.choice(sorted(pods))]
+                time.sleep(rng.uniform(0, 0.5))  # a random point of its shard
+                return kill(real_cluster, pod) and pod
 
             pod = wait_for(victim, timeout=deadline - time.monotonic(), interval=0.05,
                            message=f"a pod writing a shard once {threshold} shards are finished")
-            time.sleep(rng.uniform(0, 0.5))  # a random point of its shard
-            kill(real_cluster, pod)
             killed.append((pod_index(pod), finished_shards()))
         status = wait_for(lambda: (s := real_dj.status("chaos")).get("phase") in ("Succeeded", "Failed") and s,
                           timeout=deadline - time.monotonic(), interval=0.5, message="the job to finish")
