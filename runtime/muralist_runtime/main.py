@@ -294,7 +294,7 @@ def summarise(job: Job, state: RunState) -> None:
 
 
 def merge_outputs(job: Job, state: RunState) -> None:
-    from . import merge, progress, temps, work
+    from . import merge, outputs, progress, temps, work
 
     layout = state.world.layout
     start = time.perf_counter()
@@ -311,7 +311,7 @@ def merge_outputs(job: Job, state: RunState) -> None:
                          caption)
     state.jobfile.write(layout.describe(), state.timings, {"items": counts})
     # Merged: no temp of the tree is needed any more (a killed writer's, a slow duplicate's).
-    if removed := temps.remove_all_in(state.jobfile.root):
+    if removed := temps.remove_all_in(outputs.tree(state.jobfile.root)):
         log.info("removed %d temp files left by killed or duplicate writers", len(removed))
     log.info("%s of %d items in %s", counts, job.work.total_items, state.jobfile.root)
 

@@ -26,7 +26,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 TMP_SUFFIX = ".tmp"
@@ -119,14 +119,6 @@ def _temps(directory: Path) -> Iterator[tuple[Path, re.Match[str] | None]]:
             yield path, m
 
 
-def _directories(root: Path) -> list[Path]:
-    """The output tree's directories: the root and the folders in it (images/, shards/, parts/, gallery/)."""
-    try:
-        return [root, *sorted(Path(e.path) for e in os.scandir(root) if e.is_dir(follow_symlinks=False))]
-    except FileNotFoundError:
-        return []
-
-
 def remove_stale(directory: Path, min_age_s: float = FOREIGN_STALE_SECONDS) -> list[Path]:
     """Remove the temps of killed writers in `directory`; returns what it removed.
 
@@ -151,16 +143,16 @@ def remove_stale(directory: Path, min_age_s: float = FOREIGN_STALE_SECONDS) -> l
     return removed
 
 
-def remove_stale_in(root: Path, min_age_s: float = FOREIGN_STALE_SECONDS) -> list[Path]:
-    """`remove_stale` in every directory of the output tree."""
-    return [p for d in _directories(Path(root)) for p in remove_stale(d, min_age_s)]
+def remove_stale_in(directories: Iterable[Path], min_age_s: float = FOREIGN_STALE_SECONDS) -> list[Path]:
+    """`remove_stale` in each directory (outputs.tree: every directory of the output tree)."""
+    return [p for d in directories for p in remove_stale(d, min_age_s)]
 
 
-def remove_all_in(root: Path) -> list[Path]:
-    """Every temp of the output tree that this process is not writing: only once the job has
-    merged, when no writer's work is needed any more."""
+def remove_all_in(directories: Iterable[Path]) -> list[Path]:
+    """Every temp in the directories that this process is not writing: for the output tree
+    once the job has merged, when no writer's work is needed any more."""
     removed = []
-    for directory in _directories(Path(root)):
+    for directory in directories:
         for path, _ in _temps(directory):
             path.unlink(missing_ok=True)
             removed.append(path)

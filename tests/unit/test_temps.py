@@ -130,18 +130,21 @@ def test_once_merged_no_temp_is_left_and_a_slow_duplicate_ends_without_a_trace(t
             root / ".manifest.jsonl.merge.tmp", root / "gallery" / ".summary.js.5.tmp"]
     for path in left:
         path.write_bytes(b"partial")
+    neighbour = root / "another-job" / ".job.json.other-pod-3.tmp"  # output.path "." puts jobs side by side
+    neighbour.parent.mkdir()
+    neighbour.write_bytes(b"another job's, being written")
     duplicate = run_python(SLOW_DUPLICATE, str(root), stdin=subprocess.PIPE)
     assert duplicate.stdout is not None and duplicate.stdin is not None
     writing = Path(duplicate.stdout.readline().strip())
     assert writing.is_file()
-    assert temps.remove_stale_in(root) == [], "all of them may still be written"
+    assert temps.remove_stale_in(outputs.tree(root)) == [], "all of them may still be written"
 
-    removed = temps.remove_all_in(root)  # the job merged
+    removed = temps.remove_all_in(outputs.tree(root))  # the job merged
     assert sorted(removed) == sorted([*left, writing])
     out, err = duplicate.communicate("go on\n", timeout=60)
     assert duplicate.returncode == 0, err
     assert out.startswith("TempRemoved: the temp file of ") and "shard-000003.tar" in out
-    assert temp_files(root) == []
+    assert temp_files(root) == [str(neighbour.relative_to(root))], "the tree's temps only"
     assert (root / "shards" / "shard-000003.tar").read_bytes() == finished, "the finished shard stays as it was"
 
 
@@ -180,7 +183,7 @@ def test_the_clean_up_at_start_keeps_what_may_be_alive(tmp_path: Path) -> None:
         path.write_bytes(b"x")
     hour_ago = time.time() - temps.FOREIGN_STALE_SECONDS - 1
     os.utime(old, (hour_ago, hour_ago))
-    assert sorted(temps.remove_stale_in(tmp_path)) == sorted([dead, old])
+    assert sorted(temps.remove_stale_in([tmp_path])) == sorted([dead, old])
     assert live.close().is_file() and fresh.is_file()
 
 
