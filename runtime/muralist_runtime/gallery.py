@@ -44,11 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import temps
 from .gallery_cards import STATUSES, card, job_line
 
 GALLERY_DIR = "gallery"
 SUMMARY_FILE = "summary.js"
-TMP_SUFFIX = ".tmp"
 # Pages linked on each side of the current one in the page index.
 NEAR = 2
 _PAGE_NAME = re.compile(r"^page-(\d+)\.html$")
@@ -72,7 +72,8 @@ def write_gallery(root: Path, title: str, entries: Iterable[Mapping[str, Any]], 
     root = Path(root)
     gallery = root / GALLERY_DIR
     gallery.mkdir(parents=True, exist_ok=True)
-    _remove_temp_files(root, gallery)
+    for directory in (root, gallery):
+        temps.remove_stale(directory)  # a killed gallery writer's
     head = _Head(title, job_line(caption or {}), page_size)
 
     first: _Page | None = None  # page 1, held until the total is known
@@ -287,16 +288,8 @@ def _page_html(head: _Head, page: _Page, known: int, total: _Total | None) -> st
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    # The writer's temp-name convention (.<name>.<pid>.tmp), so its clean-up at start finds ours.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _remove_temp_files(root: Path, gallery: Path) -> None:
-    """Temp files of a gallery writer that was killed (one writer per folder: rank 0)."""
-    for stale in (*root.glob(f".index.html.*{TMP_SUFFIX}"), *gallery.glob(f".*{TMP_SUFFIX}")):
-        stale.unlink(missing_ok=True)
+    # The output tree's temp names (temps.py): the clean-ups at start and after the merge find ours.
+    temps.write_atomic(path, text.encode("utf-8"), fsync=False)
 
 
 def _remove_pages_after(gallery: Path, last: int) -> None:

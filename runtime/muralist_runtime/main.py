@@ -35,6 +35,7 @@ from .spec.items import Item
 from .spec.output_format import Chunks
 from .spec.problems import problems_from
 from .spec.resolved import RuntimeSpec
+from .temps import TempRemoved
 from .work import NothingLeft
 
 log = logging.getLogger("muralist")
@@ -273,6 +274,18 @@ def compile_and_warm_up(pipe: Any, job: Job, state: RunState) -> None:
 
 
 # 4. Generate: claim chunks until none is left, render, write (generate.py).
+def generate_all(job: Job, pipe: Any, state: RunState) -> None:
+    from .generate import generate
+
+    try:
+        generate(job, pipe, state)
+    except TempRemoved as e:
+        if not state.jobfile.merged():
+            raise  # another pod's clean-up judged this writer dead: retried
+        # A duplicate writer (a sweeping group) that the merge overtook: its work is not needed.
+        raise NothingLeft(f"the job was merged while this group wrote a duplicate: {e}") from None
+
+
 # 5. Summarise: the first pod's first rank waits for every chunk, then merges; each pod's
 # first rank waits for its other ranks (a hung one fails the pod instead of holding it).
 def summarise(job: Job, state: RunState) -> None:
@@ -287,7 +300,7 @@ def summarise(job: Job, state: RunState) -> None:
 
 
 def merge_outputs(job: Job, state: RunState) -> None:
-    from . import item_failures, merge, progress, work
+    from . import item_failures, merge, outputs, progress, temps, work
 
     layout = state.world.layout
     start = time.perf_counter()
@@ -303,6 +316,9 @@ def merge_outputs(job: Job, state: RunState) -> None:
     counts = merge.merge(state.jobfile.root, job.work.chunks, job.runtime.name, spec.output.gallery_page_size,
                          caption)
     state.jobfile.write(layout.describe(), state.timings, {"items": counts})
+    # Merged: no temp of the tree is needed any more (a killed writer's, a slow duplicate's).
+    if removed := temps.remove_all_in(outputs.tree(state.jobfile.root)):
+        log.info("removed %d temp files left by killed or duplicate writers", len(removed))
     log.info("%s of %d items in %s", counts, job.work.total_items, state.jobfile.root)
     failed = counts.get("failed", 0)
     verdict = item_failures.merge_verdict(sum(counts.values()) - failed, failed)
@@ -311,7 +327,6 @@ def merge_outputs(job: Job, state: RunState) -> None:
 
 
 def run(spec_path: str) -> int:
-    from .generate import generate
     from .termination import write_termination
 
     state = RunState()
@@ -320,7 +335,7 @@ def run(spec_path: str) -> int:
         job = check_spec(spec_path)
         set_up_world(job, state)
         pipe = load(job, state)
-        generate(job, pipe, state)
+        generate_all(job, pipe, state)
         summarise(job, state)
         state.timings["peakMemoryMiB"] = peak_memory_mib()
         if state.world.layout.local_rank == 0:
@@ -331,6 +346,7 @@ def run(spec_path: str) -> int:
         return contract.EXIT_OK
     except NothingLeft as e:
         log.info("nothing to do: %s", e)
+        state.finish_writes()
         write_termination(Termination(state.counts, message=str(e)))
         return contract.EXIT_OK
     except PermanentFailure as e:

@@ -14,9 +14,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from . import shards
+from . import shards, temps
 from .outputs import read_part
-from .writer import TMP_SUFFIX
 
 INDEX_COLUMNS = ("index", "id", "key", "prompt", "seed", "shard", "status", "seconds", "error")
 
@@ -55,7 +54,7 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
 
     counts: dict[str, int] = {}
     manifest = root / "manifest.jsonl"
-    tmp = manifest.with_name(f".{manifest.name}.merge{TMP_SUFFIX}")
+    tmp = temps.opened(temps.temp_path(manifest))
     index = shards.IndexWriter(root / "index.parquet")
 
     def stream() -> Iterator[dict[str, Any]]:
@@ -69,10 +68,11 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
 
     try:
         write_gallery(root, title, stream(), page_size=page_size, caption=caption)
-        tmp.replace(manifest)
+        temps.publish(tmp, manifest, sync_dir=False)  # derived from the part files: rewritten by a rerun
         index.close()
     except BaseException:
         index.abort()
         tmp.unlink(missing_ok=True)
+        temps.closed(tmp)
         raise
     return counts

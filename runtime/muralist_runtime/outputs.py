@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import media, shards
+from . import media, shards, temps
+from .gallery import GALLERY_DIR
 from .spec import output_format
 from .spec.contract import PermanentFailure
 from .spec.items import Item
@@ -63,6 +64,12 @@ class Output:
         if self.is_video:
             return np.asarray(self.frames, dtype=np.int16)
         return np.asarray(self.image.convert("RGB"), dtype=np.int16)
+
+
+def tree(root: Path) -> list[Path]:
+    """The output tree's directories: where its files, and so their temps, are (never the folders
+    beside it: with output.path "." those are other jobs')."""
+    return [root, root / "images", root / "shards", root / PARTS, root / GALLERY_DIR]
 
 
 def part_path(root: Path, chunk: int) -> Path:
@@ -219,8 +226,7 @@ class FilesLayout:
     def prepare(self) -> None:
         self.images.mkdir(parents=True, exist_ok=True)
         (self.root / PARTS).mkdir(parents=True, exist_ok=True)
-        for directory in (self.root, self.images, self.root / PARTS):
-            shards.remove_stale_temps(directory)
+        temps.remove_stale_in(tree(self.root))
 
     def image_path(self, item: Item) -> Path:
         return self.images / f"{item.key}.{self.ext}"
@@ -297,7 +303,7 @@ class WebDatasetLayout:
     def prepare(self) -> None:
         self.shards.mkdir(parents=True, exist_ok=True)
         (self.root / PARTS).mkdir(parents=True, exist_ok=True)
-        shards.remove_stale_temps(self.shards)
+        temps.remove_stale_in(tree(self.root))
 
     def item_done(self, item: Item) -> bool:
         return False  # a shard is all or nothing: items are never done on their own

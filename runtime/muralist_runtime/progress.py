@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import temps
 from .spec import contract
 from .spec.contract import PROGRESS_LINE_PREFIX, Counts
 
@@ -86,6 +87,7 @@ class RankFile:
         self.path = directory / f"rank-{rank}.json"
         self.interval = interval
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._pending: str | None = None
         self._stop = threading.Event()
         directory.mkdir(parents=True, exist_ok=True)
@@ -103,10 +105,9 @@ class RankFile:
             self._pending = text
 
     def _write(self, text: str) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{threading.get_ident()}.tmp")
         try:
-            tmp.write_text(text)
-            os.replace(tmp, self.path)
+            with self._write_lock:  # a forced update and the thread's own: one temp name per process
+                temps.write_atomic(self.path, text.encode(), fsync=False)
         except OSError as e:  # progress must never break generation
             log.warning("cannot write %s: %s", self.path, e)
 

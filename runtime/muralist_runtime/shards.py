@@ -4,17 +4,13 @@ Ten million loose files overwhelm object stores and `ls`; WebDataset shards (pla
 whose members `<key>.<ext>` sharing a key form one sample, e.g. `00000042.png` +
 `00000042.json`) are what training pipelines stream anyway. A shard is written by one rank,
 in item order, to a temp name in the same directory and renamed when closed: a shard on disk
-is complete, and a killed writer leaves only a temp file (`remove_stale_temps` clears those).
+is complete, and a killed writer leaves only a temp file (temps.py names and clears those).
 
 Shard bytes are deterministic: fixed mtime (0), uid/gid 0, empty owner names, mode 0o644 and
 members in the order added, so the same items give the same shard on any world size or date.
 
 The index is a Parquet file streamed in row groups (`IndexWriter`): one row per item (its
 key, shard, status, seconds, error, ...), never all rows in memory.
-
-Temp names are `.<name>.<host>-<pid>.tmp`: a pid alone repeats across pods (each pod has its
-own pid namespace, and torchrun workers get similar small pids) when two pods' ranks write the
-same shard after a claim-store restart handed its chunk out twice.
 """
 
 from __future__ import annotations
@@ -22,44 +18,20 @@ from __future__ import annotations
 import io
 import os
 import re
-import socket
 import tarfile
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from . import temps
+
 SHARD_NAME = "shard-{index:06d}.tar"
-TMP_SUFFIX = ".tmp"
-_TMP_TAG = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]*)-(?P<pid>\d+)\.tmp$")
 _KEY = re.compile(r"[^./\\\s][^./\\]*")
 _EXT = re.compile(r"[^/\\\s]+")
-# Temps of this process that are still being written: never stale.
-_OPEN_TEMPS: set[Path] = set()
 
 
 def shard_path(directory: Path, shard_index: int) -> Path:
     return directory / SHARD_NAME.format(index=shard_index)
-
-
-def _host() -> str:
-    # Dots would make the temp name ambiguous to parse; a pod's host name has none anyway.
-    return socket.gethostname().replace(".", "_")
-
-
-def temp_path(final: Path) -> Path:
-    """Where a file is written before its rename (stale ones are found by remove_stale_temps)."""
-    return final.with_name(f".{final.name}.{_host()}-{os.getpid()}{TMP_SUFFIX}")
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """Rename a complete, fsynced temp file into place, and make the rename durable too."""
-    os.replace(tmp, final)
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ShardWriter:
@@ -73,11 +45,10 @@ class ShardWriter:
     def __init__(self, directory: Path, shard_index: int):
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path = shard_path(Path(directory), shard_index)
-        self.tmp = temp_path(self.path)
+        self.tmp = temps.opened(temps.temp_path(self.path))
         self.samples = 0
         self._keys: set[str] = set()
         self._file: IO[bytes] = open(self.tmp, "wb")  # noqa: SIM115 - closed by close()/abort()
-        _OPEN_TEMPS.add(self.tmp)
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
 
     def add(self, key: str, members: Mapping[str, bytes | Path]) -> None:
@@ -108,20 +79,20 @@ class ShardWriter:
         self.samples += 1
 
     def close(self) -> Path:
-        """Finish the tar, fsync it and rename it into place; returns the shard's path."""
+        """Finish the tar, fsync it and rename it into place; returns the shard's path (raises
+        temps.TempRemoved when the job merged meanwhile and its temp was cleaned up)."""
         self._tar.close()
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        _publish(self.tmp, self.path)
-        _OPEN_TEMPS.discard(self.tmp)
+        temps.publish(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:
         """Drop the shard: its temp file goes, nothing appears under the final name."""
         self._file.close()
         self.tmp.unlink(missing_ok=True)
-        _OPEN_TEMPS.discard(self.tmp)
+        temps.closed(self.tmp)
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -131,43 +102,6 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
-
-
-def remove_stale_temps(directory: Path, min_age_s: float = 3600.0) -> list[Path]:
-    """Remove temp files left by killed writers in `directory`; returns what it removed.
-
-    Stale: a temp of this host whose process is gone (or is this process, from an earlier
-    life, and not open now), or a temp of another host untouched for `min_age_s`: another pod's
-    writer may be alive, and only its silence says otherwise. Safe to call while writers of
-    other ranks are running.
-    """
-    removed = []
-    host, now = _host(), time.time()
-    for path in Path(directory).glob(f".*{TMP_SUFFIX}"):
-        m = _TMP_TAG.match(path.name)
-        if m is None or path in _OPEN_TEMPS:
-            continue
-        if m["host"] == host:
-            stale = int(m["pid"]) == os.getpid() or not _alive(int(m["pid"]))
-        else:
-            try:
-                stale = now - path.stat().st_mtime >= min_age_s
-            except FileNotFoundError:  # its writer just renamed or aborted it
-                continue
-        if stale:
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's
-        return True
-    return True
 
 
 def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -218,13 +152,12 @@ class IndexWriter:
         import pyarrow.parquet as pq
 
         self.path = Path(path)
-        self.tmp = temp_path(self.path)
+        self.tmp = temps.opened(temps.temp_path(self.path))
         self.schema = schema if schema is not None else index_schema()
         self.batch_rows = batch_rows
         self.rows = 0
         self._columns: dict[str, list[Any]] = {name: [] for name in self.schema.names}
         self._pending = 0
-        _OPEN_TEMPS.add(self.tmp)
         self._writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
 
     def write(self, row: Mapping[str, Any]) -> None:
@@ -251,14 +184,13 @@ class IndexWriter:
         self._writer.close()
         with open(self.tmp, "rb") as f:
             os.fsync(f.fileno())
-        _publish(self.tmp, self.path)
-        _OPEN_TEMPS.discard(self.tmp)
+        temps.publish(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:
         self._writer.close()
         self.tmp.unlink(missing_ok=True)
-        _OPEN_TEMPS.discard(self.tmp)
+        temps.closed(self.tmp)
 
     def __enter__(self) -> IndexWriter:
         return self

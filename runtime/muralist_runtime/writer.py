@@ -1,8 +1,7 @@
 """Writing safely: atomic files, job.json, and the writer threads that keep the GPU busy.
 
 Every file is written to a temp name in the same directory and `os.replace`d, so no reader
-ever sees a partial file; a temp file left by a killed process (`.<name>.<pid>.tmp`) is
-removed at start.
+ever sees a partial file (temps.py names the temps and removes those of killed writers).
 
 Outputs never block the GPU: `BackgroundWriter` encodes and writes items on worker threads
 fed by a bounded queue; the generating loop waits only when the queue is full. An item counts
@@ -13,7 +12,6 @@ generating thread at its next submit (or at close), failing the run.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import queue
 import threading
@@ -22,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import temps
 from .spec import output_format, resume
 from .spec.contract import PermanentFailure
 from .spec.items import Item
 from .spec.resolved import RuntimeSpec
 
-TMP_SUFFIX = ".tmp"
 # Items waiting to be written: enough to ride out a slow volume for a few images, few enough
 # that host memory stays small (8 decoded 1024x1024 RGB images are 24 MiB).
 WRITE_QUEUE_SIZE = 8
@@ -36,14 +34,7 @@ WRITE_THREADS = 2
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    from .shards import temp_path
-
-    tmp = temp_path(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    temps.write_atomic(path, data)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -183,6 +174,8 @@ class BackgroundWriter:
                 self._queue.task_done()
 
     def _raise(self) -> None:
+        if isinstance(self._error, temps.TempRemoved):
+            raise self._error  # not a failed write: the job merged meanwhile (main.py ends the run)
         if self._error is not None:
             raise RuntimeError(f"writing an image failed: {self._error}") from self._error
 

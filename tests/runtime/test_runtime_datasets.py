@@ -175,9 +175,16 @@ def test_webdataset_shards_are_never_partial_and_read_back(tmp_path: Path, runti
     for shard in (out / "shards").glob("*.tar"):
         with tarfile.open(shard) as tar:  # whatever is there under a shard's name is whole
             assert len(tar.getnames()) % 2 == 0
+    # Temps of a pod killed elsewhere: fresh, so the start keeps them (their writer may be alive);
+    # once the job has merged, none is needed.
+    foreign = [out / "shards" / ".shard-000001.tar.other-pod-7.tmp",
+               out / "parts" / ".chunk-000001.jsonl.other-pod-7.tmp"]
+    for path in foreign:
+        path.write_bytes(b"partial")
     retry = torchrun(spec, out, runtime_env, 2, extra_env=NAN)
     assert retry.returncode == 0, retry.stderr[-3000:]
     assert sorted(p.name for p in (out / "shards").iterdir()) == [f"shard-{i:06d}.tar" for i in range(3)]
+    assert not list(out.rglob(".*.tmp")), "no temp left once the job has merged"
     members = {key: parts for path in sorted((out / "shards").glob("*.tar")) for key, parts in shards.read_shard(path)}
     index = shards.read_index(out / "index.parquet")
     assert [r["key"] for r in index] == [f"{i:05d}-000" for i in range(len(ROWS))]

@@ -14,7 +14,7 @@ from urllib.parse import unquote
 
 import pytest
 from muralist_runtime import gallery as gallerymod
-from muralist_runtime import gallery_cards
+from muralist_runtime import gallery_cards, temps
 from muralist_runtime.gallery import write_gallery
 
 
@@ -322,12 +322,13 @@ def test_every_file_is_renamed_into_place_and_no_temp_file_is_left(tmp_path: Pat
         real_replace(src, dst)
 
     (tmp_path / "gallery").mkdir()
-    (tmp_path / "gallery" / ".page-00002.html.999.tmp").write_text("left by a killed writer")
+    killed = temps.temp_path(tmp_path / "gallery" / "page-00002.html").name.rsplit("-", 1)[0] + "-999999.tmp"
+    (tmp_path / "gallery" / killed).write_text("left by a killed writer")
     monkeypatch.setattr(gallerymod.os, "replace", recording_replace)
     write_gallery(tmp_path, "job", (entry(i) for i in range(7)), page_size=2)
     assert [dst for _, dst in replaced] == ["page-00002.html", "page-00003.html", "page-00004.html", "summary.js",
                                             "index.html"], "index.html last: the pages it links are there"
-    assert all(re.fullmatch(rf"\.{re.escape(dst)}\.\d+\.tmp", src) for src, dst in replaced)
+    assert all(src == temps.temp_path(tmp_path / dst).name for src, dst in replaced), "the tree's one temp name"
     assert not temp_files(tmp_path)
 
 

@@ -8,7 +8,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from muralist_runtime import merge, outputs, shards
+from muralist_runtime import merge, outputs, shards, temps
 from muralist_runtime.rows import inline_rows, items_of
 from muralist_runtime.spec.contract import PermanentFailure
 from muralist_runtime.spec.resolved import RuntimeSpec
@@ -85,7 +85,7 @@ def test_done_means_image_and_metadata(files: outputs.FilesLayout) -> None:
 def test_prepare_removes_temp_files_of_dead_writers(files: outputs.FilesLayout) -> None:
     keep = files.images / "00000-000.png"
     keep.write_bytes(b"done")
-    stale = shards.temp_path(keep).with_name(f".00000-000.png.{shards._host()}-999999.tmp")
+    stale = temps.temp_path(keep).with_name(f".00000-000.png.{temps._host()}-999999.tmp")
     stale.write_bytes(b"partial")
     files.prepare()
     assert not stale.exists() and keep.exists()

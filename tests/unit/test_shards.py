@@ -12,16 +12,16 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from muralist_runtime import shards
+from muralist_runtime import temps
 from muralist_runtime.shards import (
     IndexWriter,
     ShardWriter,
     index_schema,
     read_index,
     read_shard,
-    remove_stale_temps,
     shard_path,
 )
+from muralist_runtime.temps import remove_stale as remove_stale_temps
 
 
 def sample(i: int) -> dict[str, bytes]:
@@ -179,9 +179,9 @@ def test_index_of_100k_rows_streams_in_small_memory(tmp_path: Path) -> None:
 
 
 def test_temp_names_survive_dotted_host_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shards.socket, "gethostname", lambda: "node.example.com")
+    monkeypatch.setattr(temps.socket, "gethostname", lambda: "node.example.com")
     w = ShardWriter(tmp_path, 9)
     assert w.tmp.name == f".shard-000009.tar.node_example_com-{os.getpid()}.tmp"
     w._file.close()
-    shards._OPEN_TEMPS.discard(w.tmp)  # as if this were a previous life of this process
+    temps.closed(w.tmp)  # as if this were a previous life of this process
     assert remove_stale_temps(tmp_path) == [w.tmp]

@@ -8,7 +8,9 @@ and messages from the rules catalog, which the runtime uses too.
 
 from __future__ import annotations
 
+import json
 import re
+import reprlib
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -23,12 +25,38 @@ if TYPE_CHECKING:
 DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
+# What a message shows of a value the user wrote: enough to recognise it, never a megabyte.
+SHOWN_CHARS = 80
+
+
 class ValidationProblem(Exception):
-    """A manifest that is not a valid DiffusionJob; `problems` each name a field."""
+    """A manifest that is not a valid DiffusionJob; `problems` each name a field, one line each."""
 
     def __init__(self, problems: list[str]):
+        problems = [one_line(p) for p in problems]
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks escaped: a key or value with a newline (or U+2028) in it must
+    not split a problem in two, nor forge a line that names another field."""
+    lines = text.splitlines()
+    return text if len(lines) <= 1 else "\\n".join(lines)
+
+
+def shown(value: Any) -> str:
+    """A value's repr, cut short: a 300,000-character string or a list nested 3,000 deep (whose
+    plain repr raises RecursionError) is quoted by its start."""
+    return _SHOWN.repr(value)
+
+
+_SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxlong = 3, 4, 4, 40
+_SHOWN.maxstring = _SHOWN.maxother = SHOWN_CHARS
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 def _loc_to_path(loc: tuple[int | str, ...]) -> str:
@@ -38,8 +66,10 @@ def _loc_to_path(loc: tuple[int | str, ...]) -> str:
             parts.append(f"[{item}]")
         elif item in ("str", "PromptSpec") or item.startswith(("function-", "union[")):
             continue  # pydantic's union-branch markers are noise for a user
-        else:
+        elif _PLAIN_KEY.fullmatch(item) or item == "[key]":  # [key]: pydantic's mark of a bad map key
             parts.append(("." if parts else "") + item)
+        else:  # a key the user made up: quoted, so that dots, spaces or newlines in it stay readable
+            parts.append(f"[{json.dumps(item if len(item) <= SHOWN_CHARS else item[:SHOWN_CHARS] + '...')}]")
     return "".join(parts)
 
 
@@ -52,14 +82,15 @@ def _describe_error(err: dict[str, Any]) -> list[str]:
             return msg.split("\n")
         return [f"{path}: {msg}"]
     if err["type"] == "extra_forbidden":
-        return [f"{path}: unknown field; check its spelling against `kubectl explain dj.{path.rsplit('.', 1)[0]}`"]
+        parent = _loc_to_path(err["loc"][:-1])
+        return [f"{path}: unknown field; check its spelling against `kubectl explain dj.{parent}`"]
     if err["type"] == "missing":
         return [f"{path}: required field is missing"]
     if err["type"] in ("literal_error", "enum"):
-        return [f"{path}: got {err.get('input')!r}; {msg.lower()}"]
+        return [f"{path}: got {shown(err.get('input'))}; {msg.lower()}"]
     got = err.get("input")
     if got is not None and not isinstance(got, dict | list):
-        return [f"{path}: {msg} (got {got!r})"]
+        return [f"{path}: {msg} (got {shown(got)})"]
     return [f"{path}: {msg}"]
 
 
@@ -76,14 +107,14 @@ def problems_from(error: ValidationError) -> list[str]:
 def name_problem(name: str, nodes: int) -> str | None:
     if not re.match(DNS_1035_LABEL_PATTERN, name):
         return (
-            f"metadata.name: '{name}' must be a DNS label (lowercase letters, digits, '-', "
+            f"metadata.name: {shown(name)} must be a DNS label (lowercase letters, digits, '-', "
             "starting with a letter) because it names the headless Service and pod hostnames"
         )
     longest = f"{name}-{nodes - 1}"
     if len(longest) > DNS_LABEL_MAX:
         keep = DNS_LABEL_MAX - len(f"-{nodes - 1}")
         return (
-            f"metadata.name: '{name}' is {len(name)} characters; pod hostname '{longest}' would "
+            f"metadata.name: {shown(name)} is {len(name)} characters; pod hostname {shown(longest)} would "
             f"exceed {DNS_LABEL_MAX}: use at most {keep} characters"
         )
     return None
@@ -98,13 +129,13 @@ def parse_job(manifest: Any) -> DiffusionJob:
     if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
         raise ValidationProblem(
             [
-                f"apiVersion/kind: got {manifest.get('apiVersion')!r}/{manifest.get('kind')!r}; "
+                f"apiVersion/kind: got {shown(manifest.get('apiVersion'))}/{shown(manifest.get('kind'))}; "
                 f"expected {API_VERSION}/{KIND}"
             ]
         )
     problems: list[str] = []
-    name = (manifest.get("metadata") or {}).get("name")
-    nodes = ((manifest.get("spec") or {}).get("parallelism") or {}).get("nodes", 1)
+    name = _mapping(manifest.get("metadata")).get("name")
+    nodes = _mapping(_mapping(manifest.get("spec")).get("parallelism")).get("nodes", 1)
     if isinstance(name, str):
         problem = name_problem(name, nodes if isinstance(nodes, int) and nodes >= 1 else 1)
         if problem:
@@ -117,6 +148,11 @@ def parse_job(manifest: Any) -> DiffusionJob:
     if problems:
         raise ValidationProblem(problems)
     return job
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A section read before validation: not a mapping reads as empty (validation names it)."""
+    return value if isinstance(value, dict) else {}
 
 
 # -- cross-field rules -------------------------------------------------------------------------
