@@ -600,9 +600,11 @@ def cmd_down(args: argparse.Namespace) -> int:
     cp.stop()
     # Keep the logs for a post-mortem; everything else (etcd data, keys) goes.
     for path in cp.cluster_dir.iterdir() if cp.cluster_dir.is_dir() else ():
-        if path.is_dir() and not path.is_symlink() and path.name != "logs":
+        if path.name == "logs":
+            continue
+        if path.is_dir():  # bin/ holds links to the binaries: rmtree removes the links only
             shutil.rmtree(path)
-        elif path.name != "logs":
+        else:
             path.unlink()
     (cp.work_dir / "kwokctl.yaml").unlink(missing_ok=True)
     state_file(state_dir).unlink(missing_ok=True)
