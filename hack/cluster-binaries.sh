@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the binaries of Muralist's test clusters from Go modules, at pinned versions:
-#   control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm;
+#   control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm,
+#   and kwokctl (sigs.k8s.io/kwok's cluster tool, same module and version as kwok);
 #   a real node (hack/real-node.py): kubelet, and CoreDNS for the cluster domain.
 #
 # Usage: hack/cluster-binaries.sh
@@ -92,6 +93,9 @@ main() {
     ((todo == 0)) || build_kube
     is_current kwok "${KWOK_VERSION}" ||
         go_install kwok sigs.k8s.io/kwok/cmd/kwok "${KWOK_VERSION}" \
+            "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
+    is_current kwokctl "${KWOK_VERSION}" ||
+        go_install kwokctl sigs.k8s.io/kwok/cmd/kwokctl "${KWOK_VERSION}" \
             "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
     is_current helm "${HELM_VERSION}" ||
         go_install helm helm.sh/helm/v3/cmd/helm "${HELM_VERSION}" \

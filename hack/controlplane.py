@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""A real Kubernetes control plane on loopback for tests and local development.
+"""A real Kubernetes control plane on loopback for tests and local development, run by kwokctl.
 
-etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (which plays the nodes
-and the kubelets, with the stages in hack/kwok-stages.yaml) run as local processes on free
-ports, from binaries built by hack/cluster-binaries.sh. Standard library only (plus the
-`openssl` command for certificates), so it works before any virtualenv exists.
+kwokctl (sigs.k8s.io/kwok's cluster tool, `binary` runtime) makes the certificates and the admin
+kubeconfig and starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
+(which plays the nodes and the kubelets, with the stages in hack/kwok-stages.yaml) as detached
+processes on free loopback ports, from the binaries hack/cluster-binaries.sh builds: nothing is
+downloaded. This module gives kwokctl the flags the tests rely on (`kwokctl_config`), creates
+the fake GPU nodes, and waits until the cluster is usable: the controllers and the scheduler
+serve, the nodes are Ready, the `default` ServiceAccount exists. Standard library only, so it
+works before any virtualenv exists.
 
 As a module:
 
@@ -18,14 +22,19 @@ As a command (detached processes, state in a directory):
     python3 hack/controlplane.py up   --state-dir DIR [--bin-dir BIN]
     python3 hack/controlplane.py env  --state-dir DIR     # prints export lines
     python3 hack/controlplane.py down --state-dir DIR
+
+Layout of a work dir W (kwokctl's KWOK_WORKDIR): W/clusters/muralist/ holds kubeconfig.yaml,
+pki/ (one CA; one admin certificate that also serves the API and signs service-account tokens),
+logs/<component>.log (and kwokctl.log), pids/, etcd/ and kwok.yaml (kwokctl's record of the
+cluster: components, their command lines, the stages).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -51,9 +60,12 @@ BINARIES = (
     "kube-scheduler",
     "kwok",
     "kubectl",
+    "kwokctl",
 )
-# Stop order: clients of the API first, etcd last, so nothing logs storms of connection errors.
-COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+CLUSTER_NAME = "muralist"
+# kwokctl's component names; the API server and etcd must live for the others to start.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
+SERVER_COMPONENTS = COMPONENTS[:2]
 
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.0/16"
@@ -61,11 +73,6 @@ NODE_IP_PREFIX = "10.250.0."  # fake node addresses: .1, .2, ...
 SERVICE_IP = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 # hack/real-node.py's pod bridge gateway: where pods reach the API server (and CoreDNS).
 POD_GATEWAY = "10.88.0.1"
-SERVICE_DNS_NAMES = tuple(
-    "kubernetes" + suffix for suffix in ("", ".default", ".default.svc", ".default.svc.cluster.local")
-)
-# EC P-256 keys are fast to generate and accepted by every component.
-EC_KEY = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30"
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 T = TypeVar("T")
@@ -101,12 +108,30 @@ def missing_binaries(bin_dir: Path) -> list[str]:
     return [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
 
 
+def cluster_dir(work_dir: Path) -> Path:
+    """kwokctl's directory of the cluster in a work dir (kubeconfig.yaml, pki/, logs/, pids/)."""
+    return Path(work_dir).resolve() / "clusters" / CLUSTER_NAME
+
+
+def kubeconfig_path(work_dir: Path) -> Path:
+    return cluster_dir(work_dir) / "kubeconfig.yaml"
+
+
+def kubeconfig_server(kubeconfig: Path) -> str:
+    """The API server's URL in a kubeconfig kwokctl wrote (one cluster; no YAML parser needed)."""
+    match = re.search(r"^\s*server:\s*(\S+)\s*$", kubeconfig.read_text(), re.MULTILINE)
+    if match is None:
+        raise ControlPlaneError(f"no server in {kubeconfig}")
+    return match.group(1)
+
+
 # --------------------------------------------------------------------------- small utilities
 
 
 def free_port() -> int:
     # The port is released before the component binds it; on loopback with ephemeral ports
     # handed out in sequence a collision is very unlikely, and start() fails loudly if it happens.
+    # (kwokctl's own choice counts down from 32767 in every work dir: concurrent sessions collide.)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -141,94 +166,26 @@ def poll(
         time.sleep(interval)
 
 
-def openssl(command: str, *extensions: str, cwd: Path) -> None:
-    """Run `openssl COMMAND` (split on whitespace), adding each X.509 extension with -addext."""
-    args = command.split()
-    for extension in extensions:
-        args += ["-addext", extension]
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not reaped yet) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
-# --------------------------------------------------------------------------- certificates
-
-
-@dataclass(frozen=True)
-class Pki:
-    """Certificates and keys of one control plane, generated with the openssl CLI."""
-
-    dir: Path
-
-    ca_crt = property(lambda self: self.dir / "ca.crt")
-    ca_key = property(lambda self: self.dir / "ca.key")
-    serving_crt = property(lambda self: self.dir / "apiserver.crt")
-    serving_key = property(lambda self: self.dir / "apiserver.key")
-    admin_crt = property(lambda self: self.dir / "admin.crt")
-    admin_key = property(lambda self: self.dir / "admin.key")
-    sa_key = property(lambda self: self.dir / "sa.key")
-    sa_pub = property(lambda self: self.dir / "sa.pub")
-
-    def generate(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        openssl(
-            f"req -x509 {EC_KEY} -keyout ca.key -out ca.crt -subj /CN=muralist-test-ca",
-            "basicConstraints=critical,CA:TRUE",
-            "keyUsage=critical,keyCertSign,cRLSign",
-            cwd=self.dir,
-        )
-        sans = [f"IP:{ip}" for ip in ("127.0.0.1", SERVICE_IP)] + [
-            f"DNS:{name}" for name in ("localhost", *SERVICE_DNS_NAMES)
-        ]
-        self._leaf("apiserver", "/CN=kube-apiserver", "serverAuth", f"subjectAltName={','.join(sans)}")
-        # O=system:masters: the admin identity passes every authorization check.
-        self._leaf("admin", "/O=system:masters/CN=muralist-admin", "clientAuth")
-        openssl("genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key", cwd=self.dir)
-        openssl("pkey -in sa.key -pubout -out sa.pub", cwd=self.dir)
-
-    def _leaf(self, name: str, subject: str, usage: str, *extensions: str) -> None:
-        """A certificate signed by the CA (OpenSSL 3's `req -x509 -CA`)."""
-        openssl(
-            f"req -x509 {EC_KEY} -CA ca.crt -CAkey ca.key -keyout {name}.key -out {name}.crt -subj {subject}",
-            "basicConstraints=critical,CA:FALSE",
-            "keyUsage=critical,digitalSignature,keyEncipherment",
-            f"extendedKeyUsage={usage}",
-            *extensions,
-            cwd=self.dir,
-        )
-
-
-def write_kubeconfig(path: Path, server: str, pki: Pki) -> None:
-    """An admin kubeconfig with embedded-by-path certificates (JSON is valid YAML)."""
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "muralist-test",
-                "cluster": {"server": server, "certificate-authority": str(pki.ca_crt)},
-            }
-        ],
-        "users": [
-            {
-                "name": "muralist-admin",
-                "user": {
-                    "client-certificate": str(pki.admin_crt),
-                    "client-key": str(pki.admin_key),
-                },
-            }
-        ],
-        "contexts": [
-            {
-                "name": "muralist-test",
-                "context": {
-                    "cluster": "muralist-test",
-                    "user": "muralist-admin",
-                    "namespace": "default",
-                },
-            }
-        ],
-        "current-context": "muralist-test",
-    }
-    path.write_text(json.dumps(config, indent=2) + "\n")
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 # --------------------------------------------------------------------------- API access
@@ -237,10 +194,10 @@ def write_kubeconfig(path: Path, server: str, pki: Pki) -> None:
 class Api:
     """Just enough of a Kubernetes REST client for bootstrapping (GET/POST JSON)."""
 
-    def __init__(self, server: str, pki: Pki) -> None:
+    def __init__(self, server: str, pki_dir: Path) -> None:
         self.server = server
-        self.context = ssl.create_default_context(cafile=str(pki.ca_crt))
-        self.context.load_cert_chain(str(pki.admin_crt), str(pki.admin_key))
+        self.context = ssl.create_default_context(cafile=str(pki_dir / "ca.crt"))
+        self.context.load_cert_chain(str(pki_dir / "admin.crt"), str(pki_dir / "admin.key"))
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:
         data = json.dumps(body).encode() if body is not None else None
@@ -327,65 +284,7 @@ def node_ready(node: dict[str, Any]) -> bool:
     return ready and not node.get("spec", {}).get("taints")
 
 
-# --------------------------------------------------------------------------- processes
-
-
-@dataclass
-class Component:
-    name: str
-    pid: int
-    popen: subprocess.Popen[bytes] | None = None  # None when adopted from a state dir
-
-    def running(self) -> bool:
-        if self.popen is not None:
-            return self.popen.poll() is None
-        return pid_alive(self.pid)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not reaped yet) counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def terminate(components: list[Component], timeout: float = 10) -> None:
-    """Stop components one by one, in the order given: SIGTERM to the process group (each runs
-    in its own session), SIGKILL after `timeout`.
-
-    One at a time, because a component whose server (etcd under kube-apiserver) is already
-    gone can spend its whole shutdown timeout retrying.
-    """
-    for comp in components:
-        signal_group(comp.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while comp.running() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if comp.running():
-            signal_group(comp.pid, signal.SIGKILL)
-        if comp.popen is not None:
-            comp.popen.wait()
-        else:
-            while pid_alive(comp.pid):
-                time.sleep(0.02)
-        # Children left behind in the group (none expected) get the same fate.
-        signal_group(comp.pid, signal.SIGKILL)
-
-
-def signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-# --------------------------------------------------------------------------- the control plane
+# --------------------------------------------------------------------------- kwokctl's configuration
 
 
 @dataclass
@@ -398,8 +297,87 @@ class Ports:
     kwok: int = field(default_factory=free_port)
 
 
+def _args(component: str, *flags: str, override: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A componentsPatches entry: `flags` appended ("key=value"), `override` replacing kwokctl's."""
+    extra = [{"key": k, "value": v} for k, _, v in (f.partition("=") for f in flags)]
+    extra += [{"key": k, "value": v, "override": True} for k, _, v in (f.partition("=") for f in override)]
+    return {"name": component, "extraArgs": extra}
+
+
+def kwokctl_config(bin_dir: Path, pki_dir: Path, ports: Ports, pod_gateway: str | None) -> dict[str, Any]:
+    """The KwokctlConfiguration of one cluster: local binaries, fixed ports, and the flags the
+    tests rely on beyond kwokctl's own (service-account issuer and keys, RBAC, admission and
+    the certificates are kwokctl's defaults)."""
+    apiserver = [
+        f"service-cluster-ip-range={SERVICE_CIDR}",
+        f"advertise-address={pod_gateway or '127.0.0.1'}",
+        "profiling=false",
+        # Loopback clients of a small test cluster need no request throttling.
+        "max-requests-inflight=1000",
+        "max-mutating-requests-inflight=500",
+    ]
+    apiserver_override: tuple[str, ...] = ()
+    if pod_gateway:
+        # Pods of a real node reach the API server through a DNAT to the bridge's gateway; only
+        # the API server listens beyond loopback. A real node's name does not resolve on the
+        # host: reach its kubelet (logs, exec) by IP.
+        apiserver.append("kubelet-preferred-address-types=InternalIP")
+        apiserver_override = ("bind-address=0.0.0.0",)
+    return {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokctlConfiguration",
+        "options": {
+            "runtime": "binary",
+            "bindAddress": "127.0.0.1",
+            "etcdBinary": str(bin_dir / "etcd"),
+            "kubeApiserverBinary": str(bin_dir / "kube-apiserver"),
+            "kubeControllerManagerBinary": str(bin_dir / "kube-controller-manager"),
+            "kubeSchedulerBinary": str(bin_dir / "kube-scheduler"),
+            "kwokControllerBinary": str(bin_dir / "kwok"),
+            "kubectlBinary": str(bin_dir / "kubectl"),
+            "etcdPort": ports.etcd_client,
+            "etcdPeerPort": ports.etcd_peer,
+            "kubeApiserverPort": ports.apiserver,
+            "kubeControllerManagerPort": ports.controller_manager,
+            "kubeSchedulerPort": ports.scheduler,
+            "kwokControllerPort": ports.kwok,
+            # Pods reach the API server as the `kubernetes` Service, by its address and names
+            # (the names are in kwokctl's certificate already) and, on a real node, at the gateway.
+            "kubeApiserverCertSANs": [SERVICE_IP, *([pod_gateway] if pod_gateway else [])],
+            "heartbeatFactor": 1,
+            "nodeLeaseDurationSeconds": 40,
+        },
+        "componentsPatches": [
+            # Test data is disposable: skipping fsync makes every write much faster.
+            _args("etcd", "unsafe-no-fsync=true", "log-level=warn"),
+            _args("kube-apiserver", *apiserver, override=apiserver_override),
+            _args(
+                "kube-controller-manager",
+                "use-service-account-credentials=true",
+                f"cluster-signing-cert-file={pki_dir / 'ca.crt'}",
+                f"cluster-signing-key-file={pki_dir / 'ca.key'}",
+                "leader-elect=false",
+                # Fake nodes have no cloud and no routes to manage.
+                "configure-cloud-routes=false",
+            ),
+            _args("kube-scheduler", "leader-elect=false"),
+            _args(
+                "kwok-controller",
+                f"manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION[0]}={KWOK_NODE_ANNOTATION[1]}",
+                # kwok's default pod CIDR (10.0.0.0/24) overlaps the Service range.
+                f"cidr={POD_CIDR}",
+                # Only the annotated (fake) nodes: a real node's kubelet reports for itself.
+                override=("manage-all-nodes=false",),
+            ),
+        ],
+    }
+
+
+# --------------------------------------------------------------------------- the control plane
+
+
 class ControlPlane:
-    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok on loopback."""
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok, by kwokctl."""
 
     def __init__(
         self,
@@ -419,16 +397,13 @@ class ControlPlane:
         self.nodes = nodes
         self.stages_file = stages_file
         self.timeout = timeout
-        self.pki = Pki(self.work_dir / "pki")
-        self.log_dir = self.work_dir / "logs"
-        self.kubeconfig = self.work_dir / "kubeconfig"
+        self.cluster_dir = cluster_dir(self.work_dir)
+        self.pki_dir = self.cluster_dir / "pki"
+        self.log_dir = self.cluster_dir / "logs"
+        self.kubeconfig = kubeconfig_path(self.work_dir)
         self.ports = Ports()
         self.server = f"https://127.0.0.1:{self.ports.apiserver}"
-        self.components: list[Component] = []
         self.startup_seconds: float | None = None
-        # Called with each started component (the CLI records pids as they appear, so a failed
-        # `up` can still be cleaned up by `down`).
-        self.on_spawn: Callable[[Component], None] | None = None
 
     # ----- public API
 
@@ -445,8 +420,17 @@ class ControlPlane:
         self.startup_seconds = time.monotonic() - begin
 
     def stop(self) -> None:
-        terminate(sorted(self.components, key=lambda c: -COMPONENT_ORDER.index(c.name)))
-        self.components.clear()
+        """`kwokctl stop cluster` (SIGKILL to each component), then wait until they are gone:
+        kwokctl cannot wait for processes that are not its children."""
+        pids = self.pids()
+        if pids:
+            self._kwokctl("stop", "cluster", timeout=60, check=False)
+        deadline = time.monotonic() + 30
+        for pid in pids.values():
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if pid_alive(pid):  # kwokctl failed: do its job
+                os.kill(pid, signal.SIGKILL)
 
     def env(self) -> dict[str, str]:
         """Environment for kubectl/helm/kopf against this control plane."""
@@ -456,7 +440,17 @@ class ControlPlane:
         }
 
     def api(self) -> Api:
-        return Api(self.server, self.pki)
+        return Api(self.server, self.pki_dir)
+
+    def pids(self) -> dict[str, int]:
+        """The components kwokctl started, by name (from its pid files)."""
+        pids = {}
+        for path in (self.cluster_dir / "pids").glob("*.pid"):
+            try:
+                pids[path.stem] = int(path.read_text())
+            except (OSError, ValueError):
+                continue
+        return pids
 
     def __enter__(self) -> ControlPlane:
         self.start()
@@ -467,36 +461,58 @@ class ControlPlane:
 
     # ----- startup sequence
 
-    def _start(self) -> None:
+    def _kwokctl(self, *args: str, timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "KWOK_WORKDIR": str(self.work_dir),
+            # kwokctl runs the first kubectl on PATH; ours is the one built for this version.
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        argv = [str(self.bin_dir / "kwokctl"), "--name", CLUSTER_NAME, *args]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.pki.generate()
-        write_kubeconfig(self.kubeconfig, self.server, self.pki)
+        with open(self.log_dir / "kwokctl.log", "a") as log:
+            log.write(f"$ kwokctl {' '.join(args)}\n{proc.stdout}{proc.stderr}")
+        if check and proc.returncode != 0:
+            raise ControlPlaneError(
+                f"kwokctl {' '.join(args)} failed ({proc.returncode}); see {self.log_dir}/kwokctl.log:\n"
+                + "\n".join(proc.stderr.splitlines()[-10:])
+            )
+        return proc
+
+    def _start(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        config = self.work_dir / "kwokctl.yaml"
+        stages = self.stages_file.read_text()
+        # kwokctl hands the Stages of its --config files to kwok, in place of its default ones.
+        settings = kwokctl_config(self.bin_dir, self.pki_dir, self.ports, self.pod_gateway)
+        config.write_text(json.dumps(settings, indent=2) + "\n---\n" + stages)
+        # Returns once `kubectl get --raw /version` answers (or after 2 minutes, with a warning).
+        # --kubeconfig "": leave ~/.kube/config alone.
+        self._kwokctl("create", "cluster", f"--config={config}", "--kubeconfig=", timeout=self.timeout + 60)
         api = self.api()
-        self._spawn("etcd", self._etcd_args())
-        self._spawn("kube-apiserver", self._apiserver_args())
-        poll(api.readyz, self.timeout, "kube-apiserver /readyz", alive=self._check_alive)
-        self._spawn("kube-controller-manager", self._controller_manager_args())
-        self._spawn("kube-scheduler", self._scheduler_args())
-        self._spawn("kwok", self._kwok_args())
+        poll(api.readyz, self.timeout, "kube-apiserver /readyz", alive=lambda: self._check_alive(SERVER_COMPONENTS))
+        # kwokctl starts every component at once; kube-controller-manager and kwok give up
+        # when the API server is not healthy within about 10 s, which a busy machine can take:
+        # start again whichever gave up (`start cluster` skips those running).
+        if any(not pid_alive(pid) for pid in self.pids().values()):
+            self._kwokctl("start", "cluster", timeout=self.timeout)
         for index, name in enumerate(self.nodes):
             if not api.exists(f"/api/v1/nodes/{name}"):
                 api.request("POST", "/api/v1/nodes", fake_node(name, f"{NODE_IP_PREFIX}{index + 1}"))
         self._wait_ready(api)
 
     def _wait_ready(self, api: Api) -> None:
-        alive = self._check_alive
+        def alive() -> None:
+            self._check_alive(COMPONENTS)
+
         poll(
             lambda: component_healthy(self.ports.controller_manager),
             self.timeout,
             "kube-controller-manager /healthz",
             alive=alive,
         )
-        poll(
-            lambda: component_healthy(self.ports.scheduler),
-            self.timeout,
-            "kube-scheduler /healthz",
-            alive=alive,
-        )
+        poll(lambda: component_healthy(self.ports.scheduler), self.timeout, "kube-scheduler /healthz", alive=alive)
 
         def nodes_ready() -> bool:
             return all(node_ready(api.get(f"/api/v1/nodes/{n}")) for n in self.nodes)
@@ -510,127 +526,12 @@ class ControlPlane:
             alive=alive,
         )
 
-    def _spawn(self, name: str, args: list[str]) -> None:
-        with open(self.log_dir / f"{name}.log", "ab") as log:
-            popen = subprocess.Popen(
-                [str(self.bin_dir / name), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.work_dir,
-                # Own session: survives the CLI that started it, and stop() can signal the group.
-                start_new_session=True,
-            )
-        component = Component(name, popen.pid, popen)
-        self.components.append(component)
-        if self.on_spawn is not None:
-            self.on_spawn(component)
-
-    def _check_alive(self) -> None:
-        for comp in self.components:
-            if not comp.running():
-                raise ControlPlaneError(
-                    f"{comp.name} exited during startup; see {self.log_dir / comp.name}.log:\n"
-                    + tail(self.log_dir / f"{comp.name}.log")
-                )
-
-    # ----- command lines
-
-    def _etcd_args(self) -> list[str]:
-        client = f"http://127.0.0.1:{self.ports.etcd_client}"
-        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
-        return [
-            "--name=muralist",
-            f"--data-dir={self.work_dir / 'etcd'}",
-            f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=muralist={peer}",
-            # Test data is disposable: skipping fsync makes every write much faster.
-            "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ]
-
-    def _apiserver_args(self) -> list[str]:
-        pki = self.pki
-        return [
-            f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
-            f"--secure-port={self.ports.apiserver}",
-            f"--bind-address={'0.0.0.0' if self.pod_gateway else '127.0.0.1'}",
-            f"--advertise-address={self.pod_gateway or '127.0.0.1'}",
-            f"--cert-dir={self.work_dir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki.serving_crt}",
-            f"--tls-private-key-file={pki.serving_key}",
-            f"--client-ca-file={pki.ca_crt}",
-            "--authorization-mode=Node,RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki.sa_pub}",
-            f"--service-account-signing-key-file={pki.sa_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--allow-privileged=true",
-            "--profiling=false",
-            # Loopback clients of a small test cluster need no request throttling.
-            "--max-requests-inflight=1000",
-            "--max-mutating-requests-inflight=500",
-            # A real node's name does not resolve on the host: reach its kubelet (logs, exec) by IP.
-            *(["--kubelet-preferred-address-types=InternalIP"] if self.pod_gateway else []),
-        ]
-
-    def _kube_client_args(self) -> list[str]:
-        kubeconfig = str(self.kubeconfig)
-        return [
-            f"--kubeconfig={kubeconfig}",
-            # Delegated authn/authz of their own /healthz endpoints go to the same API server.
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            "--leader-elect=false",
-        ]
-
-    def _controller_manager_args(self) -> list[str]:
-        pki = self.pki
-        return [
-            *self._kube_client_args(),
-            f"--secure-port={self.ports.controller_manager}",
-            f"--cert-dir={self.work_dir / 'controller-manager-certs'}",
-            "--controllers=*",
-            f"--service-account-private-key-file={pki.sa_key}",
-            f"--root-ca-file={pki.ca_crt}",
-            "--use-service-account-credentials=true",
-            f"--cluster-signing-cert-file={pki.ca_crt}",
-            f"--cluster-signing-key-file={pki.ca_key}",
-            "--allocate-node-cidrs=false",
-            # Fake nodes have no cloud and no routes to manage.
-            "--configure-cloud-routes=false",
-        ]
-
-    def _scheduler_args(self) -> list[str]:
-        return [
-            *self._kube_client_args(),
-            f"--secure-port={self.ports.scheduler}",
-            f"--cert-dir={self.work_dir / 'scheduler-certs'}",
-        ]
-
-    def _kwok_args(self) -> list[str]:
-        key, value = KWOK_NODE_ANNOTATION
-        return [
-            f"--kubeconfig={self.kubeconfig}",
-            f"--config={self.stages_file}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={key}={value}",
-            f"--server-address=127.0.0.1:{self.ports.kwok}",
-            "--node-lease-duration-seconds=40",
-            # kwok's default pod CIDR (10.0.0.0/24) overlaps the Service range.
-            f"--cidr={POD_CIDR}",
-        ]
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+    def _check_alive(self, names: tuple[str, ...]) -> None:
+        pids = self.pids()
+        for name in names:
+            if name in pids and not pid_alive(pids[name]):
+                log = self.log_dir / f"{name}.log"
+                raise ControlPlaneError(f"{name} exited during startup; see {log}:\n{tail(log)}")
 
 
 # --------------------------------------------------------------------------- CLI (detached)
@@ -653,24 +554,15 @@ def save_state(state_dir: Path, state: dict[str, Any]) -> None:
     tmp.replace(state_file(state_dir))
 
 
-def adopted_components(state: dict[str, Any]) -> list[Component]:
-    """Components recorded in a state file that are still our processes (not a reused pid)."""
-    bin_dir = state["bin_dir"]
-    comps = []
-    for name, pid in state.get("pids", {}).items():
-        try:
-            exe = os.readlink(f"/proc/{pid}/exe")
-        except OSError:
-            continue
-        if exe == os.path.join(bin_dir, name):
-            comps.append(Component(name, pid))
-    return comps
+def _detached(state_dir: Path, state: dict[str, Any]) -> ControlPlane:
+    """The control plane a state dir records (for `down`: its pids and kwokctl)."""
+    return ControlPlane(state["bin_dir"], state_dir / "cluster")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir.resolve()
     state = load_state(state_dir)
-    if state and any(c.running() for c in adopted_components(state)):
+    if state and any(pid_alive(pid) for pid in _detached(state_dir, state).pids().values()):
         print(
             f"control plane already running (state in {state_dir}); `down` first to restart",
             file=sys.stderr,
@@ -678,23 +570,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     work_dir = state_dir / "cluster"
     shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir(parents=True)
     # For a real node (hack/real-node.py) kwok plays no node and pods must reach the API server.
     real_node = {"nodes": (), "pod_gateway": POD_GATEWAY} if args.real_node else {}
     cp = ControlPlane(args.bin_dir, work_dir, timeout=args.timeout, **real_node)  # type: ignore[arg-type]
-    state = {
-        "bin_dir": str(cp.bin_dir),
-        "kubeconfig": str(cp.kubeconfig),
-        "server": cp.server,
-        "log_dir": str(cp.log_dir),
-        "pids": {},
-    }
-
-    def record(comp: Component) -> None:
-        state["pids"][comp.name] = comp.pid
-        save_state(state_dir, state)
-
-    cp.on_spawn = record
+    state = {"bin_dir": str(cp.bin_dir), "kubeconfig": str(cp.kubeconfig), "log_dir": str(cp.log_dir)}
+    state_dir.mkdir(parents=True, exist_ok=True)
     save_state(state_dir, state)
     try:
         cp.start()
@@ -715,17 +595,20 @@ def cmd_down(args: argparse.Namespace) -> int:
     if state is None:
         print(f"nothing to stop in {state_dir}", file=sys.stderr)
         return 0
-    comps = adopted_components(state)
-    terminate(sorted(comps, key=lambda c: -COMPONENT_ORDER.index(c.name)))
+    cp = _detached(state_dir, state)
+    count = sum(pid_alive(pid) for pid in cp.pids().values())
+    cp.stop()
     # Keep the logs for a post-mortem; everything else (etcd data, keys) goes.
-    cluster_dir = state_dir / "cluster"
-    for path in cluster_dir.iterdir() if cluster_dir.is_dir() else ():
-        if path.is_dir() and path.name != "logs":
+    for path in cp.cluster_dir.iterdir() if cp.cluster_dir.is_dir() else ():
+        if path.name == "logs":
+            continue
+        if path.is_dir():  # bin/ holds links to the binaries: rmtree removes the links only
             shutil.rmtree(path)
-        elif path.is_file():
+        else:
             path.unlink()
+    (cp.work_dir / "kwokctl.yaml").unlink(missing_ok=True)
     state_file(state_dir).unlink(missing_ok=True)
-    print(f"stopped {len(comps)} processes; logs kept in {state['log_dir']}", file=sys.stderr)
+    print(f"stopped {count} processes; logs kept in {state['log_dir']}", file=sys.stderr)
     return 0
 
 

@@ -10,14 +10,14 @@ import`) into an image store kept between runs (~/.cache/muralist/containerd), s
 image is imported once.
 
     cp = cpl.ControlPlane(bin_dir, dir, nodes=(), pod_gateway=cpl.POD_GATEWAY); cp.start()
-    node = RealNode(bin_dir, work_dir, cp.kubeconfig)
+    node = RealNode(bin_dir, work_dir, cp.kubeconfig)   # kubelet and CoreDNS use the admin kubeconfig
     node.start()                                 # returns once the node is Ready
     node.load_docker_image("muralist-runtime:dev")
     node.stop()                                  # pods deleted, processes stopped, host cleaned
 
 As a command (hack/dev-cluster.sh up --real-node runs these after `controlplane.py up --real-node`):
 
-    python3 hack/real-node.py up   --state-dir DIR   # node in DIR/node, for DIR/cluster/kubeconfig
+    python3 hack/real-node.py up   --state-dir DIR   # node in DIR/node, for the control plane in DIR/cluster
     python3 hack/real-node.py load --state-dir DIR IMAGE...
     python3 hack/real-node.py down --state-dir DIR
 """
@@ -77,6 +77,11 @@ def sh(*args: str, check: bool = True, **kw: object) -> subprocess.CompletedProc
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr[-3000:]}{proc.stdout[-1000:]}")
     return proc
+
+
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def delete_rules(table: str, chain: str) -> None:
@@ -246,8 +251,7 @@ class RealNode:
         self._timed("kubelet up, node Ready", t)
 
     def _api_rule(self) -> tuple[str, ...]:
-        server = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        port = server.rsplit(":", 1)[1]
+        port = cpl.kubeconfig_server(self.kubeconfig).rsplit(":", 1)[1]
         return (
             "PREROUTING", "-s", POD_SUBNET, "-d", cpl.SERVICE_IP, "-p", "tcp", "--dport", "443", *RULE_COMMENT,
             "-j", "DNAT", "--to-destination", f"{GATEWAY}:{port}",
@@ -476,24 +480,24 @@ state = "{w}/containerd/state"
         pidfile = self.work / f"{name}.pid"
         return pidfile.is_file() and cpl.pid_alive(int(pidfile.read_text()))
 
-    def _stop_proc(self, name: str) -> None:
+    def _stop_proc(self, name: str, timeout: float = 15) -> None:
+        """SIGTERM to its process group (each runs in its own session), SIGKILL after `timeout`;
+        started here or (for `down`) by an earlier `up` that left its pid file."""
+        pidfile = self.work / f"{name}.pid"
         proc = self.procs.pop(name, None)
-        if proc is None:
-            pidfile = self.work / f"{name}.pid"
-            if not pidfile.exists():
-                return
-            pid = int(pidfile.read_text())
-            cpl.terminate([cpl.Component(name, pid)])
-            pidfile.unlink(missing_ok=True)
-            return
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        pid = proc.pid if proc is not None else int(pidfile.read_text()) if pidfile.is_file() else None
+        if pid is not None:
+            signal_group(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while cpl.pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            # Also whatever it left in its group.
+            signal_group(pid, signal.SIGKILL)
+            while cpl.pid_alive(pid):
+                time.sleep(0.02)
+            if proc is not None:
                 proc.wait()
-        (self.work / f"{name}.pid").unlink(missing_ok=True)
+        pidfile.unlink(missing_ok=True)
 
     def _kill_shims(self) -> None:
         # containerd-shim-runc-v2 outlives containerd; ours name our socket on their command line.
@@ -543,7 +547,7 @@ state = "{w}/containerd/state"
 
 
 def _node(state_dir: Path) -> RealNode:
-    return RealNode(cpl.default_bin_dir(), state_dir / "node", state_dir / "cluster" / "kubeconfig")
+    return RealNode(cpl.default_bin_dir(), state_dir / "node", cpl.kubeconfig_path(state_dir / "cluster"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,15 +2,16 @@
 
 Registered from tests/conftest.py (`pytest_plugins = ["tests.cluster_plugin"]`). The control
 plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok with two fake GPU
-nodes) is started once per session from the binaries hack/cluster-binaries.sh builds, found in
-$MURALIST_K8S_BIN or the build cache for the version pinned in hack/versions.env. Without them
-the cluster tests are skipped, unless MURALIST_REQUIRE_CLUSTER=1 (CI), where that is a failure.
+nodes, run by kwokctl) is started once per session from the binaries hack/cluster-binaries.sh
+builds, found in $MURALIST_K8S_BIN or the build cache for the version pinned in
+hack/versions.env. Without them the cluster tests are skipped, unless
+MURALIST_REQUIRE_CLUSTER=1 (CI), where that is a failure.
 
 Fixtures: `control_plane` (session; hack/controlplane.py's ControlPlane), `kube_api` (session;
 a kubernetes.client.ApiClient for the admin kubeconfig), `core_v1`, and `namespace` (a fresh
 namespace per test, deleted afterwards). Helpers live in tests/kube_helpers.py.
 
-When a test of the session fails, the components' logs are copied to
+When a test of the session fails, the components' logs (and kwokctl's) are copied to
 $TMPDIR/muralist-controlplane-logs-<pid> and the path is printed in the terminal summary.
 """
 

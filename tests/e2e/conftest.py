@@ -114,12 +114,13 @@ def leftovers(state_dir: Path) -> list[str]:
 def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     if os.geteuid() != 0:
         _unavailable("a real node needs root (containerd, network namespaces, iptables)")
-    bin_dir = load_controlplane().default_bin_dir()
-    missing = [b for b in ("kube-apiserver", "kubelet", "coredns") if not (bin_dir / b).is_file()]
+    cpl = load_controlplane()
+    bin_dir = cpl.default_bin_dir()
+    missing = [b for b in ("kube-apiserver", "kwokctl", "kubelet", "coredns") if not (bin_dir / b).is_file()]
     if missing:
         _unavailable(f"{', '.join(missing)} not in {bin_dir}: run hack/cluster-binaries.sh")
     state_dir = Path(tempfile.mkdtemp(prefix="mn-", dir="/tmp"))  # short: containerd's socket paths
-    cluster = RealCluster(state_dir, state_dir / "cluster" / "kubeconfig", bin_dir, None)
+    cluster = RealCluster(state_dir, cpl.kubeconfig_path(state_dir / "cluster"), bin_dir, None)
     failed_before = request.session.testsfailed
     from kubernetes import config
 
@@ -135,9 +136,10 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
             cluster.dev_cluster("down")
         if request.session.testsfailed > failed_before:
             keep = Path(tempfile.gettempdir()) / f"muralist-e2e-logs-{os.getpid()}"
-            for part in ("cluster", "node"):
-                if (state_dir / part / "logs").is_dir():
-                    shutil.copytree(state_dir / part / "logs", keep / part, dirs_exist_ok=True)
+            logs = {"cluster": cpl.cluster_dir(state_dir / "cluster") / "logs", "node": state_dir / "node" / "logs"}
+            for part, log_dir in logs.items():
+                if log_dir.is_dir():
+                    shutil.copytree(log_dir, keep / part, dirs_exist_ok=True)
             sys.stderr.write(f"\nreal-node logs kept in {keep}\n")
         left = leftovers(state_dir)
         shutil.rmtree(state_dir, ignore_errors=True)
