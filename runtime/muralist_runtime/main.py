@@ -300,6 +300,14 @@ def merge_outputs(job: Job, state: RunState) -> None:
     log.info("%s of %d items in %s", counts, job.work.total_items, state.jobfile.root)
 
 
+def verdict_printed_by_launcher() -> bool:
+    """Under the launch entry point a permanent verdict is printed once for the pod, from the
+    termination message: a rank that printed it too would repeat it once per rank."""
+    from .termination import termination_log_path
+
+    return os.environ.get(contract.MURALIST_LAUNCHED) == "1" and termination_log_path() is not None
+
+
 def run(spec_path: str) -> int:
     from .generate import generate
     from .termination import write_termination
@@ -324,10 +332,11 @@ def run(spec_path: str) -> int:
         write_termination(Termination(state.counts, message=str(e)))
         return contract.EXIT_OK
     except PermanentFailure as e:
-        print(f"muralist: {e}", file=sys.stderr, flush=True)
         state.finish_writes()
         write_termination(Termination(state.counts, PERMANENT_FAILURE_EXIT_CODE, True, "PermanentFailure", str(e),
                                       state.timings))
+        if not verdict_printed_by_launcher():
+            print(f"muralist: {e}", file=sys.stderr, flush=True)
         return PERMANENT_FAILURE_EXIT_CODE
     except Exception as e:
         traceback.print_exc()
