@@ -286,9 +286,13 @@ def merge_outputs(job: Job, state: RunState) -> None:
     layout = state.world.layout
     start = time.perf_counter()
     # A hung rank of this pod holds its chunk forever: fail the pod (retried) instead of waiting.
+    # Another pod's is the operator's to retry (its stall timeout); should no chunk finish for
+    # the bound all the same, this pod fails and its retry claims the missing chunks itself.
     timeout = job.runtime.spec.parallelism.collective_timeout_seconds
-    work.Tally(state.claims).wait_all(job.work.chunks,
-                                      lambda _done: progress.pending_ranks(progress.progress_dir(), timeout))
+    work.Tally(state.claims).wait_all(
+        job.work.chunks, lambda _done: progress.pending_ranks(progress.progress_dir(), timeout),
+        bound=work.merge_wait_bound(job.work, timeout, state.progress.slowest_item_seconds),
+        holder=lambda group: f"pod {group * layout.group_size // layout.local_world_size}")
     state.timings["waitSeconds"] = time.perf_counter() - start
     spec = job.runtime.spec
     caption = {"model": spec.model.name, "strategy": spec.parallelism.strategy,
