@@ -181,8 +181,8 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
         t.act(StopPod(peer.pod.name, peer.pod.uid, REASON_WORLD_FAILED, peer.note))
         t.event("Warning", REASON_WORLD_FAILED, f"index {peer.pod.index} (pod {peer.pod.name}): {peer.note}; "
                 "deleting it, so that its world starts again together")
-    for found in stall.stalled(policy, observed.progress, pods, now):
-        note = stall.message(found.quiet)
+    for found in stall.stalled(job.spec, observed.progress, pods, now):
+        note = stall.message(found)
         t.act(StopPod(found.pod.name, found.pod.uid, REASON_STALLED, note))
         t.event("Warning", REASON_STALLED, f"index {found.pod.index} (pod {found.pod.name}): {note}; deleting it, "
                 "the Job retries it alone")

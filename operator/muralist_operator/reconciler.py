@@ -3,8 +3,9 @@
 Every trigger (handlers.py: kopf's watches and indexes) runs the same level-based
 `Reconciler.reconcile`: the DiffusionJob changing, one of its Jobs or pods changing (watched
 with label selectors, so the API server sends only ours), a pod's pushed progress that changed
-the counts (throttled per job by the aggregator), or the clock for deadlines, stall detection
-and TTL. Children are read from kopf's in-memory indexes, and the job itself from the latest
+the counts (throttled per job by the aggregator), or the clock: for deadlines and TTL every
+tick, for stall detection when a pod could be over its timeout (every running job has one).
+Children are read from kopf's in-memory indexes, and the job itself from the latest
 body its watch or our own status write returned (only the operator writes status, so that one
 is current): a reconcile costs no read, and the watch event that echoes our own status write
 costs nothing. Every minute each job is read again (in case an event was missed).
@@ -39,6 +40,7 @@ from muralist_operator.decision import (
 from muralist_operator.kube import Kube
 from muralist_operator.lifecycle import decide
 from muralist_operator.observe import Observed, PodView
+from muralist_operator.policies import stall
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import PodInfo
 from muralist_operator.progress.report import PodReport
@@ -87,6 +89,9 @@ class Reconciler:
         # those that need the clock: a deadline, a stall timeout or a TTL.
         self.known: set[Key] = set()
         self.clocked: set[Key] = set()
+        # When each running job's stall check is due next (monotonic): every job has a stall
+        # timeout, so checking each one every tick would cost a reconcile per job per tick.
+        self.stall_checks: dict[Key, float] = {}
         # When we last created a job's children: the index may not show the Job for a moment,
         # and the burst of events right after a creation should not create it again.
         self.created: dict[Key, float] = {}
@@ -201,6 +206,7 @@ class Reconciler:
     def forget(self, key: Key) -> None:
         self.known.discard(key)
         self.clocked.discard(key)
+        self.stall_checks.pop(key, None)
         self.created.pop(key, None)
         self.aggregator.forget(key)
         metrics.forget(key)
@@ -221,9 +227,11 @@ class Reconciler:
         manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
         job: DiffusionJob | None = None
         children: Children | None = None
+        observed: Observed | None = None
         try:
             job = parse_job(manifest)
-            decision = decide(job, status, generation, self.observe(key, job), now)
+            observed = self.observe(key, job)
+            decision = decide(job, status, generation, observed, now)
             children = self._render(job, key, decision)
         except ValidationProblem as e:
             job, decision = None, decide_failed(status, generation, REASON_INVALID_SPEC, "; ".join(e.problems), now)
@@ -256,7 +264,7 @@ class Reconciler:
         if decision.status.restarts > status.restarts:
             reasons = [e.reason for e in decision.events if e.type == "Warning"] or ["Unknown"]
             metrics.RESTARTS.labels(reason=reasons[0]).inc(decision.status.restarts - status.restarts)
-        self._track(key, job, decision)
+        self._track(key, job, decision, observed, now)
 
     def _render(self, job: DiffusionJob, key: Key, decision: Decision) -> Children | None:
         """The children a CreateJob needs, rendered before the status is written: a job that
@@ -304,9 +312,11 @@ class Reconciler:
             created_job = created_job or (created and child["kind"] == "Job")
         return created_job
 
-    def _track(self, key: Key, job: DiffusionJob | None, decision: Decision) -> None:
+    def _track(self, key: Key, job: DiffusionJob | None, decision: Decision, observed: Observed | None,
+               now: datetime) -> None:
         phase = decision.status.phase
         metrics.observe_phase(key, str(phase))
+        self.stall_checks.pop(key, None)
         if job is None:
             self.clocked.discard(key)
             return
@@ -314,7 +324,10 @@ class Reconciler:
         if phase in TERMINAL_PHASES:
             needs_clock = policy.ttl_seconds_after_finished is not None
         else:
-            needs_clock = bool(policy.active_deadline_seconds or policy.stall_timeout_seconds)
+            needs_clock = bool(policy.active_deadline_seconds)
+            due = stall.next_check(job.spec, observed.progress, observed.pods, now) if observed is not None else None
+            if due is not None:
+                self.stall_checks[key] = time.monotonic() + (due - now).total_seconds()
         if needs_clock:
             self.clocked.add(key)
         else:
@@ -351,6 +364,7 @@ class Reconciler:
             keys = {k for k in self.aggregator.jobs() if self.aggregator.next_due(k) == 0 and k in self.known}
             if time.monotonic() - last_tick >= CLOCK_SECONDS:
                 keys |= self.clocked
+                keys |= {k for k, due in list(self.stall_checks.items()) if due <= time.monotonic()}
                 last_tick = time.monotonic()
             resync: set[Key] = set()
             if time.monotonic() - last_resync > RESYNC_SECONDS:

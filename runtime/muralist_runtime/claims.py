@@ -10,7 +10,9 @@ Failure model, as designed:
 - The host pod restarts: its counter starts again at 0. Callers skip chunks already on disk,
   so a restart costs a re-scan, never a lost item.
 - A client loses the store (host restarting, a network blip): `next_chunk` logs once per
-  outage, reconnects with exponential backoff, and retries, forever or up to a bound.
+  outage, reconnects with exponential backoff, and retries for up to OUTAGE_SECONDS (the
+  first pod's retry: the Job controller's back-off of up to 6 minutes, then its start), then
+  fails with ClaimStoreUnavailable naming the store's address (retryable: the pod is retried).
 - A claim whose reply was lost (the server counted it, the client never heard) is retried and
   claims the next chunk: the lost one is claimed by nobody. A caller that must cover every
   chunk sweeps for chunks missing on disk after the counter runs past the end.
@@ -48,6 +50,9 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("muralist.claims")
+
+# How long a client waits out one outage of the store before it fails.
+OUTAGE_SECONDS = 900.0
 
 
 class ClaimStoreUnavailable(RuntimeError):
@@ -128,15 +133,16 @@ class ClaimClient:
 
     `connect_timeout_s` bounds one connection attempt, `op_timeout_s` one claim's round trip
     (None: call `add` directly, ~20 µs faster, but a partition then hangs the claim), and
-    `give_up_after_s` a whole outage unless `retry_forever`. `on_outage` is called after each
+    `give_up_after_s` a whole outage. `on_outage` is called after each
     failed attempt and may raise to stop waiting (a pod that finds the job merged meanwhile:
     the store's host has finished and left, and will not come back).
     """
 
     def __init__(self, host: str, port: int, namespace: str, connect_timeout_s: float = 10.0,
-                 retry_forever: bool = True, *, give_up_after_s: float = 600.0, op_timeout_s: float | None = 30.0,
-                 backoff_s: tuple[float, float] = (0.1, 5.0),
-                 sleep: Callable[[float], None] = time.sleep, on_outage: Callable[[], None] | None = None):
+                 *, give_up_after_s: float = OUTAGE_SECONDS,
+                 op_timeout_s: float | None = 30.0, backoff_s: tuple[float, float] = (0.1, 5.0),
+                 sleep: Callable[[float], None] = time.sleep, on_outage: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         if not 0 < port < 65536:
             raise ValueError(f"claim store port {port} is not a TCP port")
         if not namespace or "/" in namespace:
@@ -144,10 +150,10 @@ class ClaimClient:
         self.host, self.port, self.namespace = host, port, namespace
         self.connect_timeout_s = connect_timeout_s
         self.op_timeout_s = op_timeout_s
-        self.retry_forever = retry_forever
         self.give_up_after_s = give_up_after_s
         self.backoff_s = backoff_s
         self._sleep = sleep
+        self._clock = clock
         self._on_outage = on_outage
         self._store: Any = None
         self._worker: _Worker | None = None
@@ -201,13 +207,13 @@ class ClaimClient:
                     if isinstance(e, TimeoutError) and self._worker is not None:
                         self._worker.stop()
                         self._worker = None
-                    now = time.monotonic()
+                    now = self._clock()
                     if outage_start is None:
                         outage_start = now
                         log.warning("claim store %s:%d unreachable (%s); reconnecting%s", self.host, self.port,
                                     str(e).splitlines()[0] if str(e) else type(e).__name__,
-                                    "" if self.retry_forever else f" for up to {self.give_up_after_s:.0f} s")
-                    elif not self.retry_forever and now - outage_start >= self.give_up_after_s:
+                                    f" for up to {self.give_up_after_s:g} s")
+                    elif now - outage_start >= self.give_up_after_s:
                         raise ClaimStoreUnavailable(
                             f"claim store {self.host}:{self.port} unreachable for {now - outage_start:.0f} s: is the "
                             "first pod running, and its claim port open to this pod?") from e
@@ -218,7 +224,7 @@ class ClaimClient:
                     continue
                 if outage_start is not None:
                     log.info("claim store %s:%d reachable again after %.1f s", self.host, self.port,
-                             time.monotonic() - outage_start)
+                             self._clock() - outage_start)
                 return value
 
     def _call(self, op: Callable[[Any], Any]) -> Any:

@@ -7,7 +7,10 @@ reasons the launchers cannot serve themselves:
   groups fit inside them get a world of their own and never rendezvous with other pods;
 - torchrun replaces a worker's exit code with its own (1), so a permanent failure would look
   retryable to the Job's podFailurePolicy: this exits 78 when the termination message says
-  permanent.
+  permanent;
+- a permanent verdict is one line, printed here once for the pod (field, message, exit code),
+  while the agent (agent.py) leaves out the launcher's report of the failed worker that would
+  bury it; the ranks only write it (`muralist run` prints it once for all its agents).
 
 Everything else is the pod contract's (spec/contract.py): PET_* variables already in the
 environment win, so a rendered pod and a local agent run exactly the command they show.
@@ -48,22 +51,12 @@ def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[
     return argv, pet
 
 
-def _termination_text() -> str:
-    from .termination import termination_log_path
-
-    path = termination_log_path()
-    try:
-        return path.read_text() if path is not None else ""
-    except OSError:
-        return ""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="muralist_runtime.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="RuntimeSpec JSON file.")
     args = parser.parse_args(argv)
     command, pet = agent_command(args.spec, dict(os.environ))
-    proc = subprocess.Popen(command, env={**os.environ, **pet})
+    proc = subprocess.Popen(command, env={**os.environ, **pet, contract.MURALIST_LAUNCHED: "1"})
 
     def forward(signum: int, _frame: object) -> None:
         proc.send_signal(signum)  # the launcher passes it on to its workers
@@ -71,9 +64,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
     code = proc.wait()
-    if code != 0 and contract.is_permanent(code, _termination_text()):
-        return contract.PERMANENT_FAILURE_EXIT_CODE
-    return code
+    if code == 0:
+        return code
+    from .termination import permanent_verdict_line, termination_text
+
+    text = termination_text()
+    if not contract.is_permanent(code, text):
+        return code
+    line = permanent_verdict_line(text)
+    if line is not None and os.environ.get(contract.MURALIST_LOCAL) != "1":
+        print(line, file=sys.stderr, flush=True)
+    return contract.PERMANENT_FAILURE_EXIT_CODE
 
 
 if __name__ == "__main__":

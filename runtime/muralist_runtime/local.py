@@ -8,7 +8,7 @@ from a local file, as the pods get it mounted. While the agents run, one bar sho
 job: the rank files of every agent, summed. Inline prompts' input images are checked before
 anything starts. Ctrl-C is forwarded to the agents; the exit code
 is the runtime's (78 when permanent, read from the termination message because torchrun
-replaces its workers' exit codes).
+replaces its workers' exit codes), and a permanent verdict is printed once, after the bar.
 """
 
 from __future__ import annotations
@@ -167,12 +167,18 @@ def agent_commands(runtime: RuntimeSpec, spec_file: str, port: int, claims_port:
 
 
 def verdict(codes: list[int], termination: Path) -> int:
-    """The run's exit code: 78 when the runtime said permanent, else the first failure's."""
+    """The run's exit code: 78 when the runtime said permanent, else the first failure's.
+    A permanent verdict is printed here, once for all the agents (they leave it to us)."""
+    from .termination import permanent_verdict_line
+
     try:
         message = termination.read_text()
     except OSError:
         message = ""
     if contract.is_permanent(0, message):
+        line = permanent_verdict_line(message)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
         return contract.PERMANENT_FAILURE_EXIT_CODE
     return next((c for c in codes if c != 0), 0)
 

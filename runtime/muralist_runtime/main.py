@@ -305,9 +305,13 @@ def merge_outputs(job: Job, state: RunState) -> None:
     layout = state.world.layout
     start = time.perf_counter()
     # A hung rank of this pod holds its chunk forever: fail the pod (retried) instead of waiting.
+    # Another pod's is the operator's to retry (its stall timeout); should no chunk finish for
+    # the bound all the same, this pod fails and its retry claims the missing chunks itself.
     timeout = job.runtime.spec.parallelism.collective_timeout_seconds
-    work.Tally(state.claims).wait_all(job.work.chunks,
-                                      lambda _done: progress.pending_ranks(progress.progress_dir(), timeout))
+    work.Tally(state.claims).wait_all(
+        job.work.chunks, lambda _done: progress.pending_ranks(progress.progress_dir(), timeout),
+        bound=work.merge_wait_bound(job.work, timeout, state.progress.slowest_item_seconds),
+        holder=lambda group: f"pod {group * layout.group_size // layout.local_world_size}")
     state.timings["waitSeconds"] = time.perf_counter() - start
     spec = job.runtime.spec
     caption = {"model": spec.model.name, "strategy": spec.parallelism.strategy,
@@ -324,6 +328,14 @@ def merge_outputs(job: Job, state: RunState) -> None:
     verdict = item_failures.merge_verdict(sum(counts.values()) - failed, failed)
     if verdict is not None:  # merged all the same: the manifest and the gallery say why each failed
         raise item_failures.failure(verdict, merge.first_failed(state.jobfile.root, job.work.chunks))
+
+
+def verdict_printed_by_launcher() -> bool:
+    """Under the launch entry point a permanent verdict is printed once for the pod, from the
+    termination message: a rank that printed it too would repeat it once per rank."""
+    from .termination import termination_log_path
+
+    return os.environ.get(contract.MURALIST_LAUNCHED) == "1" and termination_log_path() is not None
 
 
 def run(spec_path: str) -> int:
@@ -350,10 +362,11 @@ def run(spec_path: str) -> int:
         write_termination(Termination(state.counts, message=str(e)))
         return contract.EXIT_OK
     except PermanentFailure as e:
-        print(f"muralist: {e}", file=sys.stderr, flush=True)
         state.finish_writes()
         write_termination(Termination(state.counts, PERMANENT_FAILURE_EXIT_CODE, True, "PermanentFailure", str(e),
                                       state.timings))
+        if not verdict_printed_by_launcher():
+            print(f"muralist: {e}", file=sys.stderr, flush=True)
         return PERMANENT_FAILURE_EXIT_CODE
     except Exception as e:
         traceback.print_exc()

@@ -309,6 +309,7 @@ class Progress:
         self.local = local
         self.rank_file = rank_file
         self.steps = 0
+        self.slowest_item_seconds = 0.0  # what the merge's wait bound scales with
         self._closed = False
         if rank_file is not None:
             rank_file.update(self.state, force=True)
@@ -323,6 +324,7 @@ class Progress:
         counts = self.state.counts
         if status == "completed":
             counts.completed += 1
+            self.slowest_item_seconds = max(self.slowest_item_seconds, seconds)
         elif status == "skipped":
             counts.skipped += 1
         else:

@@ -21,6 +21,24 @@ def termination_log_path() -> Path | None:
     return path if path.exists() else None
 
 
+def termination_text() -> str:
+    """The termination message written so far ("" when none, or none can be read)."""
+    path = termination_log_path()
+    try:
+        return path.read_text() if path is not None else ""
+    except OSError:
+        return ""
+
+
+def permanent_verdict_line(text: str) -> str | None:
+    """The one line a launcher prints for a permanent verdict (field, message, exit code);
+    None when the message holds none."""
+    report = contract.Termination.parse(text) if text.strip() else None
+    if report is None or not report.permanent:
+        return None
+    return f"muralist: {report.message} (exit {contract.PERMANENT_FAILURE_EXIT_CODE}: permanent, not retried)"
+
+
 def write_termination(report: contract.Termination) -> None:
     """Replace the termination message under an exclusive lock, unless it holds a more severe one.
 

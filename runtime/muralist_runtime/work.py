@@ -17,6 +17,9 @@ The store also counts finished chunks, completed and failed items (item_failures
 from them when failed items fail the job); the first pod's first rank waits until every chunk
 is finished, then merges the outputs (merge.py). If the first pod restarts, the store starts
 from zero: every chunk is claimed again, and chunks done on disk are counted and skipped at once.
+That wait has a bound (`merge_wait_bound`): when no chunk of the job finishes for that long, the
+first pod fails (retryable) naming the chunks not done and who holds them, and its retry, with a
+new store, claims them again.
 """
 
 from __future__ import annotations
@@ -48,8 +51,16 @@ WAIT_SECONDS = 1.0
 NOTHING_LEFT = "nothing-left"
 
 
+# The merge waits at least this many times as long as the slowest chunk could take here.
+MERGE_WAIT_MULTIPLE = 4
+
+
 class NothingLeft(Exception):
     """The job is complete: this process ends with exit 0 without rendering."""
+
+
+class MergeWaitTimeout(RuntimeError):
+    """No chunk finished anywhere for the merge's bound (a retryable failure of the first pod)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,13 @@ def make_plan(spec: DiffusionJobSpec, rows: int, start: int) -> WorkPlan:
         groups = max(1, par.world_size // par.group_size)
         chunk_rows = max(1, min(MAX_CHUNK_ROWS, math.ceil(rows / (groups * CHUNKS_PER_GROUP))))
     return WorkPlan(start, rows, chunk_rows, spec.generation.images_per_prompt)
+
+
+def merge_wait_bound(plan: WorkPlan, floor: float, slowest_item_seconds: float) -> float:
+    """How long the merge waits with no chunk finished anywhere: MERGE_WAIT_MULTIPLE x a whole
+    chunk at the slowest item this pod rendered, and at least `floor`
+    (parallelism.collectiveTimeoutSeconds: what the job grants a stuck rank)."""
+    return max(floor, MERGE_WAIT_MULTIPLE * plan.chunk_rows * plan.images_per_prompt * slowest_item_seconds)
 
 
 def claims_address(env: dict[str, str] | None = None) -> tuple[str, int]:
@@ -155,9 +173,31 @@ class Tally:
         """The first failed items counted in this store's life, described (at most NAMED)."""
         return [line for line in self.client.text("failures").splitlines() if line][:item_failures.NAMED]
 
-    def wait_all(self, chunks: int, on_wait: Callable[[int], None] | None = None) -> None:
-        """Until every chunk of the job is finished (the first pod's merge waits for the others)."""
+    def wait_all(self, chunks: int, on_wait: Callable[[int], None] | None = None, bound: float | None = None,
+                 holder: Callable[[int], str] = lambda group: f"group {group}",
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Until every chunk of the job is finished (the first pod's merge waits for the others);
+        MergeWaitTimeout once none has finished for `bound` seconds. `holder` names a group."""
+        last, since = -1, clock()
         while (done := self.client.add("done", 0)) < chunks:
             if on_wait is not None:
-                on_wait(done)
-            time.sleep(WAIT_SECONDS)
+                on_wait(done)  # first: a stalled rank of this pod is the more precise cause
+            if done != last:
+                last, since = done, clock()
+            elif bound is not None and clock() - since >= bound:
+                raise MergeWaitTimeout(self.missing(chunks, done, clock() - since, holder))
+            sleep(WAIT_SECONDS)
+
+    def missing(self, chunks: int, done: int, quiet: float, holder: Callable[[int], str], show: int = 5) -> str:
+        """What the merge waited for: the first chunks not done, and the group holding each."""
+        shown = []
+        for chunk in range(chunks):
+            if len(shown) == show:
+                break
+            if self.client.add(f"done/{chunk}", 0) == 0:
+                owner = self.client.add(f"owner/{chunk}", 0)
+                shown.append(f"{chunk} ({holder(owner - 1) if owner else 'held by nobody'})")
+        more = f", and {chunks - done - len(shown)} more" if chunks - done > len(shown) else ""
+        return (f"the merge waited {quiet:.0f}s with no chunk finished (parallelism.collectiveTimeoutSeconds): "
+                f"{chunks - done} of {chunks} chunks not done: {', '.join(shown)}{more}; failing this pod, so "
+                "that its retry claims them again")

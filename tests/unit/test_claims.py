@@ -186,12 +186,35 @@ def test_a_client_started_before_the_server_waits_for_it() -> None:
 
 
 def test_a_bounded_client_gives_up_with_a_useful_error() -> None:
-    client = ClaimClient(HOST, free_port(), "nobody", connect_timeout_s=0.2, retry_forever=False,
-                         give_up_after_s=0.5, sleep=lambda s: time.sleep(0.05))
+    client = ClaimClient(HOST, free_port(), "nobody", connect_timeout_s=0.2, give_up_after_s=0.5,
+                         sleep=lambda s: time.sleep(0.05))
     start = time.monotonic()
     with pytest.raises(ClaimStoreUnavailable, match=r"unreachable for \d+ s: is the first pod running"):
         client.next_chunk()
     assert time.monotonic() - start < 15
+
+
+def test_by_default_an_outage_ends_in_a_failure_that_names_the_store() -> None:
+    # A store that never comes back: the default client waits OUTAGE_SECONDS (on a clock that
+    # each back-off moves on by 5 minutes), then fails, instead of waiting for good.
+    from muralist_runtime.claims import OUTAGE_SECONDS
+
+    class Forever(Exception):
+        pass
+
+    now, attempts = [0.0], []
+
+    def after_attempt() -> None:
+        attempts.append(now[0])
+        if len(attempts) > 20:
+            raise Forever
+
+    port = free_port()
+    client = ClaimClient(HOST, port, "nobody", connect_timeout_s=0.05, on_outage=after_attempt,
+                         sleep=lambda s: now.__setitem__(0, now[0] + 300), clock=lambda: now[0])
+    with pytest.raises(ClaimStoreUnavailable, match=rf"claim store {HOST}:{port} unreachable for 900 s"):
+        client.next_chunk()
+    assert OUTAGE_SECONDS == 900 and attempts == [0, 300, 600]
 
 
 def test_an_outage_hook_may_stop_the_waiting() -> None:

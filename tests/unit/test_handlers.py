@@ -4,6 +4,8 @@ from pushed progress, and when."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -133,6 +135,24 @@ def test_a_stalled_pod_is_stopped() -> None:
     r.on_report("ns", "cats", stale)
     r.reconcile(*KEY)
     assert kube.stopped == ["cats-1-0"] and "Stalled" in kube.events
+
+
+def test_every_running_job_gets_a_stall_check_when_a_pod_could_be_over() -> None:
+    # No stallTimeoutSeconds: the default applies, and the clock thread wakes the job when its
+    # quietest pod could pass it (not every tick: every running job has a timeout now).
+    r, kube, _ = running_reconciler([pod(0), pod(1)])
+    assert KEY not in r.stall_checks, "no pod has stepped: nothing to time"
+    quiet = PodReport(pod="cats-1-0", index=1, attempt=0, ranks=1, completed=1, skipped=0, failed=0, total=10,
+                      last_step_time=datetime.now(UTC) - timedelta(seconds=590), last_image_time=None,
+                      sent_at=NOW, final=False)
+    r.on_report("ns", "cats", quiet)
+    r.reconcile(*KEY)
+    assert kube.stopped == [] and KEY not in r.clocked
+    assert 8 < r.stall_checks[KEY] - time.monotonic() < 12, "due when the default (600 s) has passed"
+    r.on_report("ns", "cats", dataclasses.replace(quiet, pod="cats-0-0", index=0,
+                                                  last_step_time=datetime.now(UTC) - timedelta(seconds=700)))
+    r.reconcile(*KEY)
+    assert kube.stopped == ["cats-0-0"] and "Stalled" in kube.events
 
 
 def test_the_echo_of_our_own_status_write_costs_nothing() -> None:

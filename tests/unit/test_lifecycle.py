@@ -222,6 +222,15 @@ def test_a_stalled_pod_alone_is_deleted() -> None:
     assert [(e.type, e.reason) for e in d.events] == [("Warning", "Stalled")]
 
 
+def test_a_hung_pod_is_retried_without_a_stall_timeout_set() -> None:
+    job = make_job().world(nodes=1).job()
+    assert job.spec.run_policy.stall_timeout_seconds is None
+    pushed = progress(index_progress(0, done=1, last=NOW - timedelta(seconds=601)))
+    d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=[pod(0)], progress=pushed), NOW)
+    [stop] = d.actions
+    assert (stop.name, stop.reason) == ("cats-0-0", "Stalled") and "no progress for 601s" in stop.note
+
+
 def test_invalid_spec_fails_with_reason() -> None:
     d = decide_failed(status(), 1, REASON_INVALID_SPEC, "spec.x: bad", NOW)
     assert d.status.phase == Phase.FAILED

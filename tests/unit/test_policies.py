@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -176,7 +177,8 @@ def prog(index: int = 0, quiet: float | None = None, finished: bool = False, pod
 @pytest.mark.parametrize(
     ("timeout", "indexes", "pods", "expected"),
     [
-        (None, [prog(0, quiet=999)], [pod(0)], []),
+        (None, [prog(0, quiet=599)], [pod(0)], []),  # the default: at least the collective timeout
+        (None, [prog(0, quiet=999)], [pod(0)], [("cats-0-0", 999)]),
         (30, [prog(0, quiet=10)], [pod(0)], []),
         (30, [prog(0, quiet=45)], [pod(0)], [("cats-0-0", 45)]),
         (30, [prog(0, quiet=40), prog(1, quiet=50), prog(2, quiet=5)], [pod(0), pod(1), pod(2)],
@@ -186,11 +188,51 @@ def prog(index: int = 0, quiet: float | None = None, finished: bool = False, pod
         (30, [prog(0, quiet=500)], [pod(0, deleting=True)], []),  # already going
         (30, [prog(0, quiet=None)], [pod(0)], []),  # no first step yet: loading is not a stall
     ],
-    ids=["off", "recent", "quiet", "only-the-quiet-ones", "done", "replaced", "deleting", "not-started"],
+    ids=["default-recent", "default-quiet", "recent", "quiet", "only-the-quiet-ones", "done", "replaced", "deleting",
+         "not-started"],
 )
 def test_stall(timeout: int | None, indexes: list, pods: list, expected: list) -> None:
-    found = stall.stalled(RunPolicy(stall_timeout_seconds=timeout), progress(*indexes), pods, NOW)
+    spec = make_job().run_policy(stallTimeoutSeconds=timeout).job().spec
+    found = stall.stalled(spec, progress(*indexes), pods, NOW)
     assert [(s.pod.name, s.quiet) for s in found] == expected
+
+
+@pytest.mark.parametrize(
+    ("explicit", "collective", "gap", "expected"),
+    [
+        (None, 600, None, 600),  # nothing seen yet: the collective timeout
+        (None, 600, 3.0, 600),  # a fast model (gaps of a post interval): the collective timeout
+        (None, 600, 95.5, 955),  # minutes between steps: ten of the slowest gap
+        (None, 10, 3.0, 30),  # a short collective timeout: the gaps decide
+        (45, 600, 95.5, 45),  # an explicit value wins
+        (10**6, 10, 3.0, 10**6),  # ...large ones too (there is no "off")
+    ],
+    ids=["unseen", "fast", "slow-steps", "short-collective", "explicit", "explicit-large"],
+)
+def test_stall_timeout(explicit: int | None, collective: int, gap: float | None, expected: int) -> None:
+    spec = (make_job().run_policy(stallTimeoutSeconds=explicit)
+            .set("spec.parallelism.collectiveTimeoutSeconds", collective).job().spec)
+    pushed = dataclasses.replace(progress(prog(0, quiet=1)), slowest_gap_seconds=gap)
+    assert stall.timeout(spec, pushed) == expected
+
+
+def test_the_default_stall_says_where_it_comes_from() -> None:
+    spec = make_job().job().spec
+    [found] = stall.stalled(spec, progress(prog(0, quiet=700)), [pod(0)], NOW)
+    assert (found.timeout, found.default) == (600, True)
+    assert stall.message(found) == (
+        "no progress for 700s (runPolicy.stallTimeoutSeconds unset: the default, 600s, is 10x the job's slowest gap "
+        "between steps, at least parallelism.collectiveTimeoutSeconds)")
+
+
+def test_the_next_stall_check_is_when_the_quietest_pod_could_be_over() -> None:
+    spec = make_job().run_policy(stallTimeoutSeconds=60).job().spec
+    pushed = progress(prog(0, quiet=50), prog(1, quiet=10), prog(2, quiet=500, finished=True), prog(3, quiet=None),
+                      prog(4, quiet=900))
+    pods = [pod(0), pod(1), pod(2), pod(3), pod(4, deleting=True)]
+    assert stall.next_check(spec, pushed, pods, NOW) == NOW + timedelta(seconds=11)
+    assert stall.next_check(spec, progress(prog(0, quiet=None)), [pod(0)], NOW) is None, "nobody has stepped yet"
+    assert stall.next_check(spec, progress(prog(0, quiet=90)), [pod(0)], NOW) == NOW, "overdue: now"
 
 
 def spanning(nodes: int = 4, ppn: int = 2, degree: int = 4) -> Parallelism:

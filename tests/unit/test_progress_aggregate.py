@@ -228,6 +228,22 @@ def test_oldest_progress_time_skips_finished_indexes() -> None:
     assert snap.ranks == 32
 
 
+def test_the_slowest_gap_is_the_longest_a_working_pod_went_between_signs_of_progress() -> None:
+    agg = Aggregator(clock=Clock())
+    agg.record(JOB, report(index=0, completed=0))  # loading: no gap yet
+    assert agg.snapshot(JOB).slowest_gap_seconds is None  # type: ignore[union-attr]
+    for step in (5, 8, 30, 33):  # 22 s between the 8th and the 30th second (a VAE decode, say)
+        agg.record(JOB, report(index=0, completed=1, step=step))
+    agg.record(JOB, report(index=1, completed=1, step=3))
+    agg.record(JOB, report(index=1, completed=1, step=13))
+    # A retried pod's first step after the old pod's last is a reload, not a gap; and a pod
+    # that said it is done may be quiet as long as it likes.
+    agg.record(JOB, report(index=1, attempt=1, pod="cats-1-1b", completed=1, step=400))
+    agg.record(JOB, report(index=2, completed=1, step=40, done=True))
+    agg.record(JOB, report(index=2, completed=1, step=500, done=True))
+    assert agg.snapshot(JOB).slowest_gap_seconds == 22.0  # type: ignore[union-attr]
+
+
 def test_an_index_view_follows_every_post_and_stale_posts_leave_it() -> None:
     # Views are kept between snapshots; each accepted post must show in the next one.
     clock = Clock()

@@ -318,8 +318,8 @@ def test_the_accelerate_launcher_runs_the_pods_own_world(tmp_path: Path, process
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(children.spec_config_map["data"]["spec.json"])
     argv, pet = launch.agent_command(str(spec_file), pod_env(children.job, index=1))
-    assert argv[2:4] == ["accelerate.commands.launch", "--num_machines"]
-    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+    assert argv[1:5] == ["-m", "muralist_runtime.agent", "accelerate.commands.launch", "--num_machines"]
+    flags = dict(zip(argv[4::2], argv[5::2], strict=False))
     # Pod 1 runs a world of its own: one machine, its processes, on loopback.
     assert (flags["--num_machines"], flags["--num_processes"], flags["--machine_rank"]) == ("1", str(processes), "0")
     assert (flags["--main_process_ip"], flags["--main_process_port"]) == ("127.0.0.1", "29500")

@@ -111,7 +111,7 @@ def launched(runtime: RuntimeSpec, tmp_path: Path) -> list[tuple[list[str], dict
 def test_each_agent_is_its_own_torchrun_world(tmp_path: Path) -> None:
     runs = launched(spec_for({"nodes": 2, "gpusPerNode": 0, "processesPerNode": 3}), tmp_path)
     for node, (argv, pet) in enumerate(runs):
-        assert argv[1:3] == ["-m", "torch.distributed.run"]
+        assert argv[1:4] == ["-m", "muralist_runtime.agent", "torch.distributed.run"]
         # Pods never rendezvous: a world of one pod each (on one machine, a port each).
         assert pet == {"PET_NNODES": "1", "PET_NPROC_PER_NODE": "3", "PET_NODE_RANK": "0",
                        "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(12345 + node)}
@@ -128,7 +128,7 @@ def test_a_context_parallel_group_over_two_pods_is_one_world(tmp_path: Path) -> 
 def test_accelerate_on_cpu_uses_multi_gpu_for_several_processes(tmp_path: Path) -> None:
     ((argv, _pet),) = launched(spec_for({"gpusPerNode": 0, "processesPerNode": 2, "launcher": "accelerate"}),
                                tmp_path)
-    assert argv[1:3] == ["-m", "accelerate.commands.launch"]
+    assert argv[1:4] == ["-m", "muralist_runtime.agent", "accelerate.commands.launch"]
     # accelerate starts one process on CPU without --multi_gpu, and refuses it with --cpu.
     assert "--multi_gpu" in argv and "--cpu" not in argv
     assert argv[argv.index("--num_processes") + 1] == "2"

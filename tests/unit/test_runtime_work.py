@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from muralist_runtime import work
@@ -90,6 +91,48 @@ def test_tally_counts_each_chunk_once_and_waits_for_all() -> None:
         tally.finished(2, 0, 1, ["00002-000: NaN"])
         assert len(tally.first_failures()) == 3, "the first ones only"
         tally.wait_all(2)  # returns at once: both chunks are finished
+
+
+class Clock:
+    """A clock that each wait moves on, and that may finish chunks at set times."""
+
+    def __init__(self, step: float, finish_at: dict[float, Any] | None = None) -> None:
+        self.now, self.step, self.finish_at = 0.0, step, finish_at or {}
+
+    def sleep(self, _seconds: float) -> None:
+        self.now += self.step
+        if self.now in self.finish_at:
+            self.finish_at.pop(self.now)()
+
+
+def test_the_merge_wait_ends_naming_the_chunks_not_done_and_who_holds_them() -> None:
+    from muralist_runtime.claims import ClaimClient, ClaimServer
+
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, work.NAMESPACE) as store:
+        tally = work.Tally(store)
+        tally.finished(0, 0)
+        for chunk, group in ((1, 3), (2, None), (3, 0), (4, 1)):
+            if group is not None:
+                store.add(f"owner/{chunk}", group + 1)
+        # Chunk 4 finishes 15 s in: the bound (20 s) counts again from there.
+        clock = Clock(5.0, {15.0: lambda: tally.finished(4, 0)})
+        with pytest.raises(work.MergeWaitTimeout) as failed:
+            tally.wait_all(5, bound=20, holder=lambda group: f"pod {group // 2}", clock=lambda: clock.now,
+                           sleep=clock.sleep)
+    assert clock.now == 35.0
+    assert str(failed.value) == (
+        "the merge waited 20s with no chunk finished (parallelism.collectiveTimeoutSeconds): 3 of 5 chunks not "
+        "done: 1 (pod 1), 2 (held by nobody), 3 (pod 0); failing this pod, so that its retry claims them again")
+
+
+@pytest.mark.parametrize(
+    ("chunk_rows", "images", "slowest", "bound"),
+    [(8, 1, 0.5, 600), (8, 2, 0.0, 600), (4, 2, 30.0, 960), (1, 1, 200.0, 800)],
+    ids=["fast-images", "nothing-rendered-here", "slow-images", "one-slow-video"],
+)
+def test_merge_wait_bound(chunk_rows: int, images: int, slowest: float, bound: float) -> None:
+    # At least the collective timeout; else 4 whole chunks at the slowest item seen here.
+    assert work.merge_wait_bound(work.WorkPlan(0, 100, chunk_rows, images), 600, slowest) == bound
 
 
 def test_seeds_do_not_depend_on_the_world() -> None:

@@ -8,6 +8,10 @@ Per completion index the newest pod wins: a report of a newer attempt (or of a n
 replaced the index's pod) takes the index over, and a late post of a retired pod is ignored.
 What earlier pods of the index finished stays counted (`floor`): the next attempt skips those
 images on disk, but only says so as it reaches them.
+
+It also keeps the job's slowest gap: the longest a pod went from one sign of progress to the
+next (a step, an image) while it worked, as its posts showed it. The default stall timeout is a
+multiple of it (policies/stall.py): a model whose steps take minutes is not a stalled one.
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ class JobProgress:
     estimated_seconds_remaining: int | None
     ranks: int
     indexes: dict[int, IndexProgress]
+    # The longest gap between two signs of progress of one pod, in seconds, seen since this
+    # operator started (at the resolution of the pods' posts); None before any.
+    slowest_gap_seconds: float | None = None
 
     @property
     def oldest_progress_time(self) -> datetime | None:
@@ -125,6 +132,7 @@ class _Job:
     samples: deque[tuple[float, int]] = field(default_factory=deque)
     dirty: bool = True
     last_write: float | None = None
+    slowest_gap: float | None = None
 
     def counts(self) -> tuple[int, int, int]:
         done = sum(s.done for s in self.slots.values())
@@ -149,6 +157,16 @@ def _merge(old: PodReport, new: PodReport) -> PodReport:
         sent_at=max(old.sent_at, new.sent_at), final=old.final or new.final,
         finished=old.finished or new.finished,
     )
+
+
+def _note_gap(state: _Job, old: PodReport, new: PodReport) -> None:
+    """The gap between a pod's last two signs of progress, when it moved on while working."""
+    before, after = old.progress_time, new.progress_time
+    if before is None or after is None or after <= before or old.finished:
+        return
+    gap = (after - before).total_seconds()
+    if state.slowest_gap is None or gap > state.slowest_gap:
+        state.slowest_gap = gap
 
 
 def post_interval(active_pods: int, budget_per_second: float = POST_BUDGET_PER_SECOND) -> float:
@@ -206,6 +224,7 @@ class Aggregator:
             else:
                 slot.report = _merge(old, report)
                 rendered = slot.report.completed - old.completed
+                _note_gap(state, old, slot.report)
             slot.received = now
             slot._view = None
             if rendered > 0:
@@ -300,6 +319,7 @@ class Aggregator:
                 estimated_seconds_remaining=eta,
                 ranks=sum(s.report.ranks for s in state.slots.values()),
                 indexes={i: s.view() for i, s in state.slots.items()},
+                slowest_gap_seconds=state.slowest_gap,
             )
 
     def take(self, job: JobKey, now: float | None = None) -> JobProgress | None:

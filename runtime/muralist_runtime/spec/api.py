@@ -190,7 +190,10 @@ class Parallelism(ApiModel):
         600,
         ge=10,
         description="Timeout of one collective (rendezvous excluded): a dead or stuck rank "
-        "fails its group after this instead of holding the GPUs.",
+        "fails its group after this instead of holding the GPUs. Also the least time a pod may "
+        "make no progress before it is retried (runPolicy.stallTimeoutSeconds' default), and the least "
+        "time the first pod waits for the other pods' work with no chunk finished before it gives up "
+        "the merge and is retried.",
     )
     verify: bool = Field(
         False,

@@ -46,6 +46,8 @@ MURALIST_PROGRESS_URL = "MURALIST_PROGRESS_URL"
 MURALIST_PROGRESS_TOKEN = "MURALIST_PROGRESS_TOKEN"  # a file the kubelet rotates (projected token)
 MURALIST_PROGRESS_CA = "MURALIST_PROGRESS_CA"  # a file: the CA that signed the operator's certificate
 MURALIST_LOCAL = "MURALIST_LOCAL"  # "1" under `muralist run`: a bar for people, no JSON lines
+# "1" under the launch entry point, which prints a permanent verdict once: ranks only write it.
+MURALIST_LAUNCHED = "MURALIST_LAUNCHED"
 MURALIST_PROGRESS_DIR = "MURALIST_PROGRESS_DIR"  # where a pod's ranks keep their counts (progress.py)
 MURALIST_TERMINATION_LOG = "MURALIST_TERMINATION_LOG"  # overrides TERMINATION_LOG (local runs, tests)
 MURALIST_CACHE = "MURALIST_CACHE"  # where built-in tiny models are built (default under HF_HOME)
@@ -245,16 +247,22 @@ def launcher_command(launcher: Launcher, world: World, rdzv: Rendezvous, spec_fi
     return [*argv, *runtime]
 
 
+# Runs a launcher module in its own process and leaves out the launcher's report of a worker
+# that failed permanently (runtime/muralist_runtime/agent.py).
+AGENT_MODULE = f"{RUNTIME_MODULE}.agent"
+
+
 def accelerate_program(python: str) -> list[str]:
-    return [python, "-m", "accelerate.commands.launch"]
+    return [python, "-m", AGENT_MODULE, "accelerate.commands.launch"]
 
 
 def torchrun_program(python: str) -> list[str]:
-    return [python, "-m", "torch.distributed.run"]
+    return [python, "-m", AGENT_MODULE, "torch.distributed.run"]
 
 
 def local_program(launcher: Launcher, python: str) -> list[str]:
-    """The launcher of `launcher` as a module of this interpreter (no console script needed)."""
+    """The launcher of `launcher` as a module of this interpreter (no console script needed),
+    run by the runtime's agent."""
     return accelerate_program(python) if launcher == "accelerate" else torchrun_program(python)
 
 

@@ -86,8 +86,11 @@ class RunPolicy(ApiModel):
     stall_timeout_seconds: int | None = Field(
         None,
         ge=10,
-        description="Retry a pod (reason Stalled) whose ranks have stepped before but report no progress for "
-        "this long (a pod whose ranks are done is left alone).",
+        description="Retry a pod (reason Stalled) whose ranks have stepped before but report no progress (no "
+        "denoising step, no image) for this long; a pod whose ranks are done is left alone. Default: 10 times "
+        "the slowest gap between two signs of progress of one pod seen in this job, and at least "
+        "parallelism.collectiveTimeoutSeconds (600 s unless set), so a hung rank never holds a job forever. "
+        "No value turns it off: set a larger one for steps that pause longer.",
     )
 
     @field_validator("max_failed_items", mode="before")
