@@ -110,12 +110,12 @@ def test_the_merge_wait_ends_naming_the_chunks_not_done_and_who_holds_them() -> 
 
     with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, work.NAMESPACE) as store:
         tally = work.Tally(store)
-        tally.finished(0, 0)
+        tally.finished(0, 1, 0)
         for chunk, group in ((1, 3), (2, None), (3, 0), (4, 1)):
             if group is not None:
                 store.add(f"owner/{chunk}", group + 1)
         # Chunk 4 finishes 15 s in: the bound (20 s) counts again from there.
-        clock = Clock(5.0, {15.0: lambda: tally.finished(4, 0)})
+        clock = Clock(5.0, {15.0: lambda: tally.finished(4, 1, 0)})
         with pytest.raises(work.MergeWaitTimeout) as failed:
             tally.wait_all(5, bound=20, holder=lambda group: f"pod {group // 2}", clock=lambda: clock.now,
                            sleep=clock.sleep)
