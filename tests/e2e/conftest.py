@@ -13,6 +13,7 @@ Without root or the binaries the tests skip, or fail when MURALIST_REQUIRE_E2E=1
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -36,6 +37,7 @@ DEV_CLUSTER = REPO / "hack" / "dev-cluster.sh"
 RUNTIME_IMAGE = "muralist-runtime:e2e"
 BRIDGE = "mural0"
 RULE_COMMENT = "muralist real node"
+REAL_NODE_LOCK = "/tmp/muralist-real-node.lock"
 
 
 def _unavailable(reason: str) -> None:
@@ -119,6 +121,11 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     missing = [b for b in ("kube-apiserver", "kwokctl", "kubelet", "coredns") if not (bin_dir / b).is_file()]
     if missing:
         _unavailable(f"{', '.join(missing)} not in {bin_dir}: run hack/cluster-binaries.sh")
+    # One real node per machine: two would share the image store, the bridge and its iptables
+    # rules, and one's `down` breaks the other. A second session waits here for the first.
+    lock = open(REAL_NODE_LOCK, "w")  # noqa: SIM115 (held for the whole session)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    request.addfinalizer(lock.close)
     state_dir = Path(tempfile.mkdtemp(prefix="mn-", dir="/tmp"))  # short: containerd's socket paths
     cluster = RealCluster(state_dir, cpl.kubeconfig_path(state_dir / "cluster"), bin_dir, None)
     failed_before = request.session.testsfailed
