@@ -33,11 +33,21 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 # The source is bind-mounted read-write (the build's writes are discarded): only the installed
 # package stays in the image.
-RUN --mount=type=bind,target=/src,rw pip install "/src[operator]"
+RUN --mount=type=bind,target=/src,rw pip install /src/api "/src[operator]"
 USER 1000:1000
 WORKDIR /home/muralist
 ENTRYPOINT ["muralist"]
 CMD ["operator"]
+
+# ---------------------------------------------------------------------------------------------
+# The runtime extra's requirements alone, so that only a change to them rebuilds the torch layer.
+FROM ${PYTHON_BASE} AS runtime-requirements
+RUN --mount=type=bind,source=hack/image-base.sh,target=/tmp/image-base.sh \
+    --mount=type=secret,id=extra_ca \
+    sh /tmp/image-base.sh
+RUN --mount=type=bind,source=pyproject.toml,target=/tmp/pyproject.toml \
+    python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]["optional-dependencies"]["runtime"]))' \
+        > /requirements.txt
 
 # ---------------------------------------------------------------------------------------------
 FROM ${RUNTIME_BASE} AS runtime
@@ -54,13 +64,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HF_HOME=/var/cache/huggingface \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
-# The dependencies first, in their own layer: the multi-GB torch layer survives source changes.
-RUN --mount=type=bind,source=pyproject.toml,target=/tmp/pyproject.toml \
-    python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]["optional-dependencies"]["runtime"]))' \
-        > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
-RUN --mount=type=bind,target=/src,rw pip install "/src[runtime]"
+# The dependencies first, in their own layer: the multi-GB torch layer survives source changes,
+# and edits of pyproject.toml outside the runtime extra (its requirements are the layer's key).
+COPY --from=runtime-requirements /requirements.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt
+RUN --mount=type=bind,target=/src,rw pip install /src/api "/src[runtime]"
 # The model cache: writable by the pods' user (a volume is mounted here when spec.model.cache is set).
 RUN mkdir -p "$HF_HOME" && chown 1000:1000 "$HF_HOME"
 USER 1000:1000

@@ -86,7 +86,7 @@ class Setting:
 
 
 def runtime_spec(model: Path, texts: list[str], steps: int, kind: str | None, options: dict[str, Any]) -> Any:
-    from muralist_runtime.spec.resolved import RuntimeSpec
+    from muralist_api.runtime_spec import RuntimeSpec
 
     generation: dict[str, Any] = {"steps": steps, "guidanceScale": GUIDANCE, "height": HEIGHT, "width": WIDTH,
                                   "extraArgs": {"max_sequence_length": MAX_SEQUENCE_LENGTH}}

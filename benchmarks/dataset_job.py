@@ -115,8 +115,8 @@ def run_job(manifest: dict[str, Any], work: Path, name: str, extra_env: dict[str
     (local.agent_commands: the pod contract's command), started together on this machine.
     Unlike `muralist run`, each agent gets its own termination-log file, kept (as each pod's
     /dev/termination-log is its own), and no progress bar runs."""
+    from muralist_api import contract
     from muralist_runtime import local
-    from muralist_runtime.spec import contract
 
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(manifest, sort_keys=False))
@@ -263,8 +263,8 @@ def plan_child(spec_file: str) -> None:
     count it, make the work plan, read the first row of the range) and then every chunk's rows
     as generate.py reads them. Prints a JSON line: seconds and VmHWM growth."""
     import pyarrow.parquet  # noqa: F401 - a rank has it loaded before it plans; not part of the cost
+    from muralist_api.runtime_spec import RuntimeSpec
     from muralist_runtime import rows, work
-    from muralist_runtime.spec.resolved import RuntimeSpec
 
     runtime = RuntimeSpec.model_validate_json(Path(spec_file).read_text())
     base = peak_rss_kb()

@@ -353,7 +353,7 @@ def build_pipeline(ctx: Context, transformer: Any, text_tokens: int, vae_config:
 def runtime_spec(ctx: Context, steps: int, side: int, text_tokens: int, batch_size: int = 1,
                  name: str = "gpu-check") -> Any:
     """The RuntimeSpec a rank would read for this call (parsed and validated like a manifest)."""
-    from muralist_runtime.spec import RuntimeSpec, parse_job
+    from muralist_api import RuntimeSpec, parse_job
 
     job = parse_job({
         "apiVersion": "muralist.dev/v1alpha1",
@@ -542,7 +542,7 @@ def check_render_path(ctx: Context, emit: Emit) -> None:
 
 def check_attention(ctx: Context, emit: Emit) -> None:
     """Each attention backend: one step timed on the big transformer, output vs native."""
-    from muralist_runtime.spec.catalog import ATTENTION_BACKENDS
+    from muralist_api.rules.catalog import ATTENTION_BACKENDS
 
     s = ctx.sizes
     transformer = ctx.big().transformer
@@ -588,7 +588,7 @@ def cache_config(pipe: Any, cache: str, steps: int) -> tuple[Any, str]:
     (the pipeline's current timestep; MagCache's ratios and step count) are filled in here.
     """
     import diffusers
-    from muralist_runtime.spec.workloads import CACHES
+    from muralist_api.rules.workloads import CACHES
 
     kind = CACHES[cache]
     cls = getattr(diffusers, kind.config)
@@ -618,8 +618,8 @@ def cache_config(pipe: Any, cache: str, steps: int) -> tuple[Any, str]:
 
 def check_cache(ctx: Context, emit: Emit) -> None:
     """Each step cache vs uncached: call time ratio and PSNR of the image."""
+    from muralist_api.rules.workloads import CACHES
     from muralist_runtime import pipeline
-    from muralist_runtime.spec.workloads import CACHES
 
     s = ctx.sizes
     pipe = ctx.big()

@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "hack"))
 sys.path.insert(0, str(REPO))
 
 import controlplane  # noqa: E402  (hack/controlplane.py)
-from muralist_runtime.spec import GROUP, PLURAL, VERSION  # noqa: E402
+from muralist_api import GROUP, PLURAL, VERSION  # noqa: E402
 
 from tests.builders import make_job  # noqa: E402
 
@@ -265,8 +265,8 @@ def plain_job(name: str) -> dict[str, Any]:
 def rendered_job(name: str, namespace: str) -> dict[str, Any]:
     """The Job the operator would create for dj_manifest(name), without the operator: the
     floor of the Job controller for exactly our Job (per-index retries, podFailurePolicy)."""
+    from muralist_api.rules.problems import parse_job
     from muralist_operator.render import OperatorSettings, render_job
-    from muralist_runtime.spec.problems import parse_job
 
     job = render_job(parse_job(dj_manifest(name, namespace)), namespace,
                      OperatorSettings(runtime_image="muralist-runtime:bench"))

@@ -50,7 +50,7 @@ PATH = f"/v1/namespaces/{NAMESPACE}/diffusionjobs/{JOB}/progress"
 
 
 def serve(tree: Path, limits: dict[str, float]) -> int:
-    sys.path[:0] = [str(tree / "operator"), str(tree / "runtime")]
+    sys.path[:0] = [str(tree / "api"), str(tree / "operator"), str(tree / "runtime")]
     from http import HTTPStatus
 
     from muralist_operator.progress.auth import Identity, Verdict

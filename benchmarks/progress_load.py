@@ -68,7 +68,7 @@ from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "runtime")]
+sys.path[:0] = [str(REPO / "api"), str(REPO / "operator"), str(REPO / "runtime")]
 
 NAMESPACE, JOB, SERVICE = "bench", "catalog", "muralist-progress"
 SNI = f"{SERVICE}.muralist-system.svc"
@@ -279,8 +279,11 @@ def lags(posters: dict[str, Any], writes: list[tuple[float, list[int]]], since: 
 
 
 def archived_tree(rev: str, into: Path, *paths: str) -> Path:
-    """`paths` of the repository as they were at `rev` (git archive), under `into`."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, *paths], check=True, capture_output=True).stdout
+    """`paths` of the repository as they were at `rev` (git archive), under `into`; paths that
+    `rev` does not have (api/ before the API package) are left out."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", rev, *paths], check=True,
+                            capture_output=True, text=True).stdout.split()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, *listed], check=True, capture_output=True).stdout
     into.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
@@ -289,10 +292,10 @@ def archived_tree(rev: str, into: Path, *paths: str) -> Path:
 def baseline_tree(rev: str, into: Path) -> Path:
     """This benchmark and the operator as they were at `rev`: its `_serve` runs that commit's
     server, fed by this tree's posters."""
-    return archived_tree(rev, into, "benchmarks", "operator", "runtime") / "benchmarks" / "progress_load.py"
+    return archived_tree(rev, into, "benchmarks", "api", "operator", "runtime") / "benchmarks" / "progress_load.py"
 
 
-OPERATOR_PATHS = ("cli", "operator", "runtime", "crds")
+OPERATOR_PATHS = ("api", "cli", "operator", "runtime", "crds")
 
 
 def start_operator(tree: Path, kubeconfig: Path, log_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Any]:
@@ -305,7 +308,7 @@ def start_operator(tree: Path, kubeconfig: Path, log_path: Path, *extra: str) ->
     crd = yaml.safe_load((tree / "crds" / "muralist.dev_diffusionjobs.yaml").read_text())
     client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
     env = {**os.environ, "KUBECONFIG": str(kubeconfig),
-           "PYTHONPATH": os.pathsep.join(str(tree / d) for d in ("cli", "operator", "runtime"))}
+           "PYTHONPATH": os.pathsep.join(str(tree / d) for d in ("api", "cli", "operator", "runtime"))}
     with open(log_path, "wb") as log:  # the child keeps its own descriptor
         operator = subprocess.Popen([sys.executable, "-m", "muralist_cli", "operator", "--health-port", "0",
                                      "--metrics-port", "0", *extra], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -634,7 +637,7 @@ def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace, rev: s
     sys.path.insert(0, str(REPO / "hack"))
     import controlplane  # hack/controlplane.py
     from kubernetes import client
-    from muralist_runtime.spec import contract
+    from muralist_api import contract
 
     with tempfile.TemporaryDirectory(prefix="muralist-progress-op-") as tmp:
         work = Path(tmp)

@@ -175,7 +175,7 @@ def export_revision(rev: str, work: Path) -> str:
     archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "runtime", "cli", "operator"],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
-    PYTHONPATH_PREFIX[:] = [str(target / d) for d in ("runtime", "cli", "operator")]
+    PYTHONPATH_PREFIX[:] = [str(target / d) for d in ("api", "runtime", "cli", "operator")]
     return commit
 
 

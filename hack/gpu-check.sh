@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
 done
 
 ORIG_PYTHONPATH=${PYTHONPATH:-}
-TREE="$REPO_ROOT/cli:$REPO_ROOT/operator:$REPO_ROOT/runtime"
+TREE="$REPO_ROOT/api:$REPO_ROOT/cli:$REPO_ROOT/operator:$REPO_ROOT/runtime"
 export PYTHONPATH="$TREE${ORIG_PYTHONPATH:+:$ORIG_PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 

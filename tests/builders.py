@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from muralist_runtime.spec.api import API_VERSION, KIND, DiffusionJob
-from muralist_runtime.spec.problems import parse_job
+from muralist_api.job import API_VERSION, KIND, DiffusionJob
+from muralist_api.rules.problems import parse_job
 
 
 class JobBuilder:

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 from kubernetes import client
-from muralist_runtime.spec.api import GROUP, PLURAL, VERSION
+from muralist_api.job import GROUP, PLURAL, VERSION
 
 from tests.kube_helpers import wait_for
 

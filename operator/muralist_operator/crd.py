@@ -4,7 +4,7 @@ Pydantic emits JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema. T
 conversion inlines `$ref`s, turns `Optional[X]` into plain X (absent means unset), keeps
 defaults so the API server fills them in, and marks pass-through Kubernetes objects with
 `x-kubernetes-preserve-unknown-fields`. Cross-field rules are added as CEL at the paths
-in `CEL_RULES`; they mirror `muralist_runtime.spec.problems.spec_problems` and take their
+in `CEL_RULES`; they mirror `muralist_api.rules.problems.spec_problems` and take their
 facts (backends, reserved names, limits) from the same catalog and contract.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from muralist_runtime.spec.api import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, DiffusionJobSpec
-from muralist_runtime.spec.catalog import ATTENTION_BACKENDS, DNS_LABEL_MAX
-from muralist_runtime.spec.contract import reserved_env_cel
-from muralist_runtime.spec.status import DiffusionJobStatus
+from muralist_api.contract import reserved_env_cel
+from muralist_api.job import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, DiffusionJobSpec
+from muralist_api.rules.catalog import ATTENTION_BACKENDS, DNS_LABEL_MAX
+from muralist_api.status import DiffusionJobStatus
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from muralist_runtime.spec.status import TERMINAL_PHASES, Condition, DiffusionJobStatus, Phase
+from muralist_api.status import TERMINAL_PHASES, Condition, DiffusionJobStatus, Phase
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_RENDER_FAILED = "RenderFailed"

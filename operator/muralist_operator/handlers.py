@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from muralist_runtime.spec.api import GROUP, PLURAL, VERSION
+from muralist_api.job import GROUP, PLURAL, VERSION
 
 from muralist_operator.observe import job_view, owner_of, pod_view
 from muralist_operator.progress.auth import PodInfo, pod_info

@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
-from muralist_runtime.spec import GROUP, PLURAL, VERSION
+from muralist_api import GROUP, PLURAL, VERSION
 
 from muralist_operator.observe import STOPPED_ANNOTATION
 

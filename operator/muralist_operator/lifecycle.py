@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from muralist_runtime.spec.api import DiffusionJob
-from muralist_runtime.spec.status import TERMINAL_PHASES, DiffusionJobStatus, Phase
+from muralist_api.job import DiffusionJob
+from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus, Phase
 
 from muralist_operator.decision import (
     REASON_DEADLINE,

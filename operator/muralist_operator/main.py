@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
-from muralist_runtime.spec.contract import MURALIST_RUNTIME_IMAGE
+from muralist_api.contract import MURALIST_RUNTIME_IMAGE
 
 from muralist_operator import handlers, metrics
 from muralist_operator.kube import Kube, load_config

@@ -1,6 +1,6 @@
 """`muralist validate` and `muralist render`: report problems, print objects.
 
-Files are read by the one manifest reader (`muralist_runtime.spec.manifests`), which `muralist
+Files are read by the one manifest reader (`muralist_api.manifests`), which `muralist
 run` uses too. Errors are reported as `FILE#doc (name): field: problem and fix`, never as a
 traceback.
 """
@@ -11,8 +11,8 @@ import sys
 from typing import Any
 
 import yaml
-from muralist_runtime.spec.api import DiffusionJob
-from muralist_runtime.spec.manifests import Reader
+from muralist_api.job import DiffusionJob
+from muralist_api.manifests import Reader
 
 from muralist_operator.render import OperatorSettings, RenderError, render_children
 

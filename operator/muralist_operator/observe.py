@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.contract import COMPLETION_INDEX_ANNOTATION, INDEX_FAILURE_COUNT_ANNOTATION
+from muralist_api import contract
+from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, INDEX_FAILURE_COUNT_ANNOTATION
 
 from muralist_operator.progress.aggregate import JobProgress
 from muralist_operator.render import DISRUPTION_TARGET, LABEL_JOB

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from muralist_runtime.spec.api import DiffusionJob
-from muralist_runtime.spec.problems import ValidationProblem, parse_job
-from muralist_runtime.spec.status import TERMINAL_PHASES, DiffusionJobStatus
+from muralist_api.job import DiffusionJob
+from muralist_api.rules.problems import ValidationProblem, parse_job
+from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus
 from pydantic import ValidationError
 
 from muralist_operator import metrics

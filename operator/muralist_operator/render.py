@@ -11,10 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.api import DiffusionJob
-from muralist_runtime.spec.catalog import CONFIGMAP_MAX_BYTES, TINY_MODEL_NAMES, model_size_gib
-from muralist_runtime.spec.contract import (
+from muralist_api import contract
+from muralist_api.contract import (
     CLAIMS_PORT,
     COMPLETION_INDEX_ANNOTATION,
     HF_HOME,
@@ -33,7 +31,9 @@ from muralist_runtime.spec.contract import (
     SPEC_FILE,
     SPEC_KEY,
 )
-from muralist_runtime.spec.resolved import RuntimeSpec
+from muralist_api.job import DiffusionJob
+from muralist_api.rules.catalog import CONFIGMAP_MAX_BYTES, TINY_MODEL_NAMES, model_size_gib
+from muralist_api.runtime_spec import RuntimeSpec
 
 LABEL_JOB = "muralist.dev/job-name"
 LABEL_COMPONENT = "app.kubernetes.io/component"

@@ -1,5 +1,5 @@
 """Muralist's in-pod runtime: runs one DiffusionJob's share of images with diffusers.
 
 Importing this package must stay cheap and torch-free: the operator imports
-`muralist_runtime.spec`, and the operator image has no torch.
+`muralist_api`, and the operator image has no torch.
 """

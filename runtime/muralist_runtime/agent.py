@@ -23,7 +23,8 @@ import runpy
 import sys
 from collections.abc import Sequence
 
-from .spec import contract
+from muralist_api import contract
+
 from .termination import termination_text
 
 # Where torchrun logs a failed worker ("failed (exitcode: 78) local_rank: 0 ...") and its

@@ -21,9 +21,10 @@ import logging
 import os
 from typing import Any
 
-from .spec.contract import MURALIST_TEST_BREAK_CP, PermanentFailure
-from .spec.items import Item
-from .spec.resolved import RuntimeSpec
+from muralist_api.contract import MURALIST_TEST_BREAK_CP, PermanentFailure
+from muralist_api.items import Item
+from muralist_api.runtime_spec import RuntimeSpec
+
 from .world import World
 
 log = logging.getLogger("muralist.canary")

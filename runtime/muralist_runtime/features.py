@@ -1,5 +1,5 @@
 """diffusers features a job asks for, applied to the loaded pipeline: LoRA adapters, another
-scheduler, a step cache (spec/features.py has the API, spec/workloads.py the catalog).
+scheduler, a step cache (muralist_api/options.py has the API, muralist_api/rules/workloads.py the catalog).
 
 `apply_features` runs after the pipeline is placed and before the consistency canary's
 reference and `enable_parallelism`: adapters (and their fusing) must change the base layers
@@ -19,11 +19,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from muralist_api.contract import PermanentFailure
+from muralist_api.options import Adapter, CacheSpec, SchedulerSpec
+from muralist_api.rules.workloads import CACHES
+from muralist_api.runtime_spec import RuntimeSpec
+
 from . import hub
-from .spec.contract import PermanentFailure
-from .spec.features import Adapter, CacheSpec, SchedulerSpec
-from .spec.resolved import RuntimeSpec
-from .spec.workloads import CACHES
 
 log = logging.getLogger("muralist")
 
@@ -172,7 +173,7 @@ MAG_RATIOS_FOR = {"FluxTransformer2DModel": "FLUX_MAG_RATIOS"}
 
 
 def cache_config(pipe: Any, cache: CacheSpec, steps: int) -> Any:
-    """The diffusers config object of a cache, from its camelCase options (spec/workloads.CACHES)."""
+    """The diffusers config object of a cache, from its camelCase options (muralist_api/rules/workloads.CACHES)."""
     import diffusers.hooks as hooks
 
     kind = CACHES[cache.type]

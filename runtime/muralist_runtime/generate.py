@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .spec.items import Item
+from muralist_api.items import Item
 
 log = logging.getLogger("muralist")
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from .spec.contract import PermanentFailure
+from muralist_api.contract import PermanentFailure
 
 TOKEN_FIELD = "spec.model.tokenSecret"
 

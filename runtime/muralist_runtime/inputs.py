@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .spec.items import Item
-from .spec.resolved import RuntimeSpec
+from muralist_api.items import Item
+from muralist_api.runtime_spec import RuntimeSpec
 
 FIELDS = ("image", "mask")  # Item fields, and their names in the spec
 MODES = {"image": "RGB", "mask": "L"}

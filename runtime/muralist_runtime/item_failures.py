@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .spec.contract import PermanentFailure
-from .spec.pods import DEFAULT_MAX_FAILED_ITEMS, EARLY_FAILED_CHUNKS, EARLY_FAILED_ITEMS, RunPolicy
+from muralist_api.contract import PermanentFailure
+from muralist_api.pods import DEFAULT_MAX_FAILED_ITEMS, EARLY_FAILED_CHUNKS, EARLY_FAILED_ITEMS, RunPolicy
 
 # How many failed items a failure's message names (status.message and the termination message
 # have room for a few, not for a list: the manifest has them all).

@@ -23,7 +23,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from .spec import contract
+from muralist_api import contract
 
 log = logging.getLogger("muralist")
 

@@ -12,7 +12,7 @@ reasons the launchers cannot serve themselves:
   while the agent (agent.py) leaves out the launcher's report of the failed worker that would
   bury it; the ranks only write it (`muralist run` prints it once for all its agents).
 
-Everything else is the pod contract's (spec/contract.py): PET_* variables already in the
+Everything else is the pod contract's (muralist_api/contract/__init__.py): PET_* variables already in the
 environment win, so a rendered pod and a local agent run exactly the command they show.
 Torch-free and quick: it only reads the spec and starts one process.
 """
@@ -28,13 +28,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .spec import contract
+from muralist_api import contract
 
 
 def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The launcher argv and the PET_* environment of this pod's agent."""
     doc = json.loads(Path(spec_file).read_text())
-    from .spec.resolved import RuntimeSpec
+    from muralist_api.runtime_spec import RuntimeSpec
 
     runtime = RuntimeSpec.model_validate(doc)
     par = runtime.spec.parallelism

@@ -23,11 +23,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .spec import contract
-from .spec.api import DiffusionJob
-from .spec.manifests import ManifestFile, Reader
-from .spec.problems import ValidationProblem
-from .spec.resolved import RuntimeSpec
+from muralist_api import contract
+from muralist_api.job import DiffusionJob
+from muralist_api.manifests import ManifestFile, Reader
+from muralist_api.rules.problems import ValidationProblem
+from muralist_api.runtime_spec import RuntimeSpec
 
 BAR_SECONDS = 0.5
 

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from muralist_api import contract
+from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE, Counts, PermanentFailure, Termination
+from muralist_api.contract.output_format import Chunks
+from muralist_api.items import Item
+from muralist_api.rules.problems import problems_from
+from muralist_api.runtime_spec import RuntimeSpec
 from pydantic import ValidationError
 
-from .spec import contract
-from .spec.contract import PERMANENT_FAILURE_EXIT_CODE, Counts, PermanentFailure, Termination
-from .spec.items import Item
-from .spec.output_format import Chunks
-from .spec.problems import problems_from
-from .spec.resolved import RuntimeSpec
 from .temps import TempRemoved
 from .work import NothingLeft
 

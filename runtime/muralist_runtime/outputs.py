@@ -13,7 +13,7 @@ Layout under the output directory (spec.output.layout):
 
 Every file is written to a temp name and renamed, so no reader sees a partial one; a rank
 killed mid-chunk costs that chunk's unfinished items (files) or its shard (webdataset).
-Folders of older versions are read through spec/output_format.py (`read_part`, `kept`,
+Folders of older versions are read through muralist_api/contract/output_format.py (`read_part`, `kept`,
 `resumed_plan`): that module is the format's contract, and this one never reads around it.
 Encoding happens on writer threads (writer.BackgroundWriter): `FilesLayout.write` writes an
 item's files there; `WebDatasetLayout.encode` only encodes, and the generating thread adds the
@@ -29,12 +29,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from muralist_api.contract import PermanentFailure, output_format
+from muralist_api.items import Item
+from muralist_api.runtime_spec import RuntimeSpec
+
 from . import media, shards, temps
 from .gallery import GALLERY_DIR
-from .spec import output_format
-from .spec.contract import PermanentFailure
-from .spec.items import Item
-from .spec.resolved import RuntimeSpec
 from .writer import atomic_write_bytes, atomic_write_text
 
 PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}

@@ -16,12 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from muralist_api import contract
+from muralist_api.contract import PermanentFailure
+from muralist_api.items import Item
+from muralist_api.rules.catalog import TINY_MODEL_NAMES
+from muralist_api.runtime_spec import RuntimeSpec
+
 from . import hub
-from .spec import contract
-from .spec.catalog import TINY_MODEL_NAMES
-from .spec.contract import PermanentFailure
-from .spec.items import Item
-from .spec.resolved import RuntimeSpec
 
 log = logging.getLogger("muralist.pipeline")
 
@@ -112,7 +113,7 @@ def check_call(pipe: Any, spec: Any) -> None:
 
     Admission checks the pipelines it knows by name; this checks the loaded one, whatever it is.
     """
-    from .spec.workloads import IMAGE_FORMATS, VIDEO_FORMATS
+    from muralist_api.rules.workloads import IMAGE_FORMATS, VIDEO_FORMATS
 
     accepted = call_parameters(pipe)
     name = type(pipe).__name__

@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .spec.api import Generation
-from .spec.sequence import (
+from muralist_api.job import Generation
+from muralist_api.rules.sequence import (
     DEFAULT_TEXT_TOKENS,
     Verdict,
     cp_problems,

@@ -31,9 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from muralist_api import contract
+from muralist_api.contract import PROGRESS_LINE_PREFIX, Counts
+
 from . import temps
-from .spec import contract
-from .spec.contract import PROGRESS_LINE_PREFIX, Counts
 
 log = logging.getLogger("muralist.progress")
 

@@ -3,7 +3,7 @@
 Every rank opens the same rows and reads only the ranges it claims (work.py): a data set of
 millions of rows is never held in memory, and an inline prompt list (bounded by admission to
 what fits in the spec ConfigMap) is served from memory the same way. A row gives
-generation.imagesPerPrompt items (spec/items.py).
+generation.imagesPerPrompt items (muralist_api/items.py).
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+from muralist_api.contract import PermanentFailure
+from muralist_api.data import Dataset
+from muralist_api.items import Item, row_items
+from muralist_api.job import Generation
+from muralist_api.runtime_spec import RuntimeSpec
+
 from .sources import Columns, MissingColumn, Row, RowSource, SourceError
-from .spec.api import Generation
-from .spec.contract import PermanentFailure
-from .spec.data import Dataset
-from .spec.items import Item, row_items
-from .spec.resolved import RuntimeSpec
 
 
 class Rows(Protocol):

@@ -27,8 +27,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from muralist_api.contract import DEFAULT_STAGE_DIR, MURALIST_STAGE_DIR
+
 from . import hub
-from .spec.contract import DEFAULT_STAGE_DIR, MURALIST_STAGE_DIR
 
 log = logging.getLogger("muralist.stage")
 

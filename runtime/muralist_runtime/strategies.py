@@ -22,10 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from .spec import catalog
-from .spec.api import ContextParallelSpec, DiffusionJobSpec, Strategy, TensorParallelSpec
-from .spec.catalog import CP_FIELD, TP_FIELD, Problem
-from .spec.contract import PermanentFailure
+from muralist_api.contract import PermanentFailure
+from muralist_api.job import ContextParallelSpec, DiffusionJobSpec, Strategy, TensorParallelSpec
+from muralist_api.rules import catalog
+from muralist_api.rules.catalog import CP_FIELD, TP_FIELD, Problem
+
 from .world import World
 
 log = logging.getLogger("muralist")

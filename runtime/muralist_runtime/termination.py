@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from .spec import contract
+from muralist_api import contract
 
 log = logging.getLogger("muralist.progress")
 

@@ -31,11 +31,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from muralist_api import contract
+from muralist_api.job import DiffusionJobSpec
+
 from . import item_failures
 from .claims import ClaimClient
 from .item_failures import JobTally
-from .spec import contract
-from .spec.api import DiffusionJobSpec
 
 log = logging.getLogger("muralist.work")
 

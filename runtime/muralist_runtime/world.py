@@ -4,7 +4,7 @@ Two scopes. The job: every process of every pod has a rank in it (pod index x pr
 pod + local rank), and ranks are cut into groups of `group_size` consecutive ranks that render
 one image together (ContextParallel / TensorParallel; 1 for DataParallel and DeviceMap); the
 groups are data parallel and claim their work from the store (work.py). The torchrun world:
-the pod alone, or the pods of a context-parallel group that spans pods (spec/contract.py
+the pod alone, or the pods of a context-parallel group that spans pods (muralist_api/contract/__init__.py
 pod_world): its process group carries only that group's collectives, so a failed pod costs
 only its own world.
 
@@ -20,9 +20,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .spec import contract
-from .spec.api import Parallelism
-from .spec.contract import PermanentFailure
+from muralist_api import contract
+from muralist_api.contract import PermanentFailure
+from muralist_api.job import Parallelism
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from muralist_api.contract import PermanentFailure, output_format, resume
+from muralist_api.items import Item
+from muralist_api.runtime_spec import RuntimeSpec
+
 from . import temps
-from .spec import output_format, resume
-from .spec.contract import PermanentFailure
-from .spec.items import Item
-from .spec.resolved import RuntimeSpec
 
 # Items waiting to be written: enough to ride out a slow volume for a few images, few enough
 # that host memory stays small (8 decoded 1024x1024 RGB images are 24 MiB).
@@ -55,7 +55,7 @@ def library_versions() -> dict[str, str]:
 
 class JobFile:
     """job.json: the resolved spec, library versions, the world, the resume digest, the output
-    format and the folder's chunks (spec/output_format.py), timings."""
+    format and the folder's chunks (muralist_api/contract/output_format.py), timings."""
 
     def __init__(self, runtime: RuntimeSpec):
         self.runtime = runtime
@@ -68,7 +68,7 @@ class JobFile:
         to resume a folder of an output format this version does not read; returns the job.json
         found (None when there is none yet).
 
-        The resume contract (spec/resume.py) decides: a folder written by an older version of
+        The resume contract (muralist_api/contract/resume.py) decides: a folder written by an older version of
         the same job resumes; one of other parameters is refused, naming the field to change.
         """
         try:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from muralist_runtime.spec.api import GROUP, PLURAL, VERSION
+from muralist_api.job import GROUP, PLURAL, VERSION
 
 from tests.builders import make_job
 from tests.chart.conftest import CHART, REPO, dump, kinds, one, render, run

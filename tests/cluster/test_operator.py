@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from muralist_runtime.spec.api import GROUP, PLURAL, VERSION
-from muralist_runtime.spec.contract import INDEX_FAILURE_COUNT_ANNOTATION
+from muralist_api.contract import INDEX_FAILURE_COUNT_ANNOTATION
+from muralist_api.job import GROUP, PLURAL, VERSION
 
 from tests.builders import make_job
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for

@@ -22,8 +22,8 @@ from typing import Any
 
 import psutil
 import pytest
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.contract import (
+from muralist_api import contract
+from muralist_api.contract import (
     HF_HOME,
     OUTPUT_MOUNT,
     PROGRESS_AUDIENCE,

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from muralist_runtime.spec import contract
+from muralist_api import contract
 
 from tests.builders import make_job
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for

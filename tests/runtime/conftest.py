@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.resolved import RuntimeSpec
+from muralist_api import contract
+from muralist_api.runtime_spec import RuntimeSpec
 
 from tests.builders import JobBuilder
 

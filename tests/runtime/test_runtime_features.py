@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from muralist_api.contract import PermanentFailure
+from muralist_api.items import row_items
+from muralist_api.options import Adapter, CacheSpec, SchedulerSpec
+from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import features, pipeline
-from muralist_runtime.spec.contract import PermanentFailure
-from muralist_runtime.spec.features import Adapter, CacheSpec, SchedulerSpec
-from muralist_runtime.spec.items import row_items
-from muralist_runtime.spec.resolved import RuntimeSpec
 
 from .conftest import make_job
 

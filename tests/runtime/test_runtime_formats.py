@@ -1,5 +1,5 @@
 """Output folders of every earlier output format resume with today's runtime, and a folder of a
-newer format is refused (the contract in runtime/muralist_runtime/spec/output_format.py).
+newer format is refused (the contract in api/muralist_api/contract/output_format.py).
 
 The folders are frozen fixtures that the old commits wrote themselves (tests/fixtures/formats/:
 fixtures.json says which commit, how it was stopped and what was removed; make_fixtures.py made
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
+from muralist_api import contract
 from muralist_runtime import shards
-from muralist_runtime.spec import contract
 
 from tests.runtime.conftest import Run, free_port, runtime_spec_json
 
@@ -91,13 +91,13 @@ def test_a_folder_of_an_earlier_output_format_resumes(fixture: dict[str, Any], t
     assert {m["status"] for m in manifest} <= {"rendered", "skipped"}
     assert [r["key"] for r in shards.read_index(out / "index.parquet")] == items
 
-    from muralist_runtime.spec.output_format import OUTPUT_FORMAT
+    from muralist_api.contract.output_format import OUTPUT_FORMAT
 
     assert json.loads((out / "job.json").read_text())["outputFormat"] == OUTPUT_FORMAT
 
 
 def test_a_folder_of_a_newer_output_format_is_refused(tmp_path: Path, runtime_env, tiny_model: Path) -> None:
-    from muralist_runtime.spec.output_format import OUTPUT_FORMAT
+    from muralist_api.contract.output_format import OUTPUT_FORMAT
 
     fixture = RESUMED[-1]
     out, spec = fixture_copy(fixture, tmp_path)

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
+from muralist_api import contract
+from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE
 
 from .conftest import make_job, runtime_spec_json, torchrun
 
@@ -17,9 +17,9 @@ pytestmark = pytest.mark.torchrun
 
 
 def test_step_callback_fires_once_per_step(tiny_model: Path) -> None:
+    from muralist_api.items import row_items
+    from muralist_api.runtime_spec import RuntimeSpec
     from muralist_runtime import pipeline
-    from muralist_runtime.spec.items import row_items
-    from muralist_runtime.spec.resolved import RuntimeSpec
 
     job = make_job().obj()
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused"})

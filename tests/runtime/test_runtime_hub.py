@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from muralist_api import contract
+from muralist_api.contract import PermanentFailure
+from muralist_api.job import Generation
+from muralist_api.options import Adapter
+from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import features, hub, pipeline, preflight, stage
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.api import Generation
-from muralist_runtime.spec.contract import PermanentFailure
-from muralist_runtime.spec.features import Adapter
-from muralist_runtime.spec.resolved import RuntimeSpec
 
 from tests.hub_server import HubServer
 

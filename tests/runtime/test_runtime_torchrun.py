@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
+from muralist_api import contract
+from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE
 from PIL import Image
 
 from .conftest import Run, make_job, runtime_spec_json, torchrun

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
+from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE
 
 from .conftest import make_job, runtime_spec_json, torchrun
 

@@ -188,8 +188,8 @@ MIXED_BATCHES = {
 def test_a_batch_is_split_into_calls_that_render_each_item_as_alone(name: str, tiny_model: Path, inputs_dir: Path,
                                                                     monkeypatch) -> None:
     # A pipeline call takes one strength, and images for all its prompts or for none.
+    from muralist_api.runtime_spec import RuntimeSpec
     from muralist_runtime import pipeline, rows
-    from muralist_runtime.spec.resolved import RuntimeSpec
 
     job = make_job().prompts(*MIXED_BATCHES[name]).generation(batchSize=4).obj()
     job["model"]["pipeline"] = name

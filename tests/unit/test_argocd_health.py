@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from muralist_api.status import DiffusionJobStatus
 from muralist_operator.lifecycle import decide
 from muralist_operator.observe import Observed, Termination
-from muralist_runtime.spec.status import DiffusionJobStatus
 
 from tests.builders import make_job
 from tests.views import NOW, job_view

@@ -6,11 +6,11 @@ import inspect
 import re
 
 import pytest
-from muralist_runtime.spec import catalog
-from muralist_runtime.spec.api import ContextParallelSpec
-from muralist_runtime.spec.catalog import ATTENTION_BACKENDS, MODEL_LAYOUTS
-from muralist_runtime.spec.contract import PermanentFailure
-from muralist_runtime.spec.problems import ValidationProblem
+from muralist_api.contract import PermanentFailure
+from muralist_api.job import ContextParallelSpec
+from muralist_api.rules import catalog
+from muralist_api.rules.catalog import ATTENTION_BACKENDS, MODEL_LAYOUTS
+from muralist_api.rules.problems import ValidationProblem
 
 from tests.builders import make_job
 
@@ -147,7 +147,7 @@ def test_spec_configmap_limit_is_checked_at_admission() -> None:
 
 
 def test_scheduler_table_is_diffusers_own() -> None:
-    from muralist_runtime.spec.workloads import SCHEDULERS
+    from muralist_api.rules.workloads import SCHEDULERS
 
     classes = {n for n in dir(diffusers) if n.endswith("Scheduler") and inspect.isclass(getattr(diffusers, n))}
     assert classes == SCHEDULERS
@@ -157,8 +157,8 @@ def test_cache_options_are_fields_of_the_diffusers_configs() -> None:
     import dataclasses
 
     from diffusers import hooks
-    from muralist_runtime.spec.features import CacheType
-    from muralist_runtime.spec.workloads import CACHES
+    from muralist_api.options import CacheType
+    from muralist_api.rules.workloads import CACHES
 
     assert set(CACHES) == set(CacheType.__args__)
     for kind in CACHES.values():
@@ -167,7 +167,7 @@ def test_cache_options_are_fields_of_the_diffusers_configs() -> None:
 
 
 def test_video_and_input_pipelines_exist_and_take_what_the_table_says() -> None:
-    from muralist_runtime.spec.workloads import INPUT_PIPELINES, VIDEO_PIPELINES, WITH_INPUTS
+    from muralist_api.rules.workloads import INPUT_PIPELINES, VIDEO_PIPELINES, WITH_INPUTS
 
     for name, takes in INPUT_PIPELINES.items():
         params = inspect.signature(getattr(diffusers, name).__call__).parameters

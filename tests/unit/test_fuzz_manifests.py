@@ -23,14 +23,14 @@ from typing import Any
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from muralist_api.job import DiffusionJob
+from muralist_api.rules.problems import ValidationProblem, parse_job
+from muralist_api.status import DiffusionJobStatus
 from muralist_operator.decision import CreateJob
 from muralist_operator.lifecycle import decide
 from muralist_operator.manifests import validate_files
 from muralist_operator.observe import Observed
 from muralist_operator.render import OperatorSettings, RenderError, render_children
-from muralist_runtime.spec.api import DiffusionJob
-from muralist_runtime.spec.problems import ValidationProblem, parse_job
-from muralist_runtime.spec.status import DiffusionJobStatus
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES: list[dict[str, Any]] = [

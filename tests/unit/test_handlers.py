@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from muralist_api.contract import Counts
+from muralist_api.status import DiffusionJobStatus
 from muralist_operator import handlers
 from muralist_operator import reconciler as reconciler_module
 from muralist_operator.decision import CreateJob, Decision
@@ -17,8 +19,6 @@ from muralist_operator.observe import PodView
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.report import PodReport
 from muralist_operator.render import OperatorSettings
-from muralist_runtime.spec.contract import Counts
-from muralist_runtime.spec.status import DiffusionJobStatus
 
 from tests.builders import make_job
 from tests.views import NOW, job_view, pod

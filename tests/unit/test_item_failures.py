@@ -4,6 +4,7 @@ that feed them across pods (work.Tally)."""
 from __future__ import annotations
 
 import pytest
+from muralist_api.pods import RunPolicy
 from muralist_runtime import work
 from muralist_runtime.item_failures import (
     JobTally,
@@ -14,7 +15,6 @@ from muralist_runtime.item_failures import (
     merge_verdict,
     systematic,
 )
-from muralist_runtime.spec.pods import RunPolicy
 
 LIMIT = "spec.runPolicy.maxFailedItems"
 

@@ -7,6 +7,8 @@ import json
 from datetime import timedelta
 
 import pytest
+from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE
+from muralist_api.status import DiffusionJobStatus, Phase
 from muralist_operator.decision import (
     REASON_INVALID_SPEC,
     CreateJob,
@@ -19,8 +21,6 @@ from muralist_operator.decision import (
 )
 from muralist_operator.lifecycle import decide, eta_text
 from muralist_operator.observe import Observed, Termination
-from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
-from muralist_runtime.spec.status import DiffusionJobStatus, Phase
 
 from tests.builders import make_job
 from tests.views import NOW, failed, index_progress, job_view, pod, progress
@@ -115,11 +115,11 @@ def test_runtime_report_message_is_used() -> None:
 def test_the_first_failed_items_reach_status_message_from_the_termination_message() -> None:
     # What the runtime leaves when its first chunks failed entirely, as the kubelet keeps it on
     # the pod: status.message says why the job failed and names the first items with their reasons.
+    from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, Counts
+    from muralist_api.contract import Termination as Report
+    from muralist_api.pods import RunPolicy
     from muralist_operator.observe import pod_view
     from muralist_runtime import item_failures
-    from muralist_runtime.spec.contract import COMPLETION_INDEX_ANNOTATION, Counts
-    from muralist_runtime.spec.contract import Termination as Report
-    from muralist_runtime.spec.pods import RunPolicy
 
     nan = "the output has NaN or infinite values (the sampler diverged)"
     verdict = item_failures.chunk_verdict(item_failures.JobTally(4, 0, 12), RunPolicy(), 40)

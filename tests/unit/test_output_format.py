@@ -1,4 +1,4 @@
-"""The output format's contract (spec/output_format.py): folders of older versions read as
+"""The output format's contract (muralist_api/contract/output_format.py): folders of older versions read as
 today's, their chunks kept, and what this version cannot read refused by field.
 
 The folders are the frozen fixtures older commits wrote (tests/fixtures/formats/); the runtime
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from muralist_api.contract import PermanentFailure
+from muralist_api.contract.output_format import OUTPUT_FORMAT, Chunks, FormatError, infer_chunk_rows, read_entry
+from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import outputs, work
 from muralist_runtime.rows import inline_rows, items_of
-from muralist_runtime.spec.contract import PermanentFailure
-from muralist_runtime.spec.output_format import OUTPUT_FORMAT, Chunks, FormatError, infer_chunk_rows, read_entry
-from muralist_runtime.spec.resolved import RuntimeSpec
 from muralist_runtime.writer import JobFile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "formats"

@@ -6,6 +6,8 @@ import dataclasses
 from datetime import timedelta
 
 import pytest
+from muralist_api.job import ContextParallelSpec, Parallelism, RunPolicy
+from muralist_api.status import MAX_INDEX_ENTRIES, DiffusionJobStatus, Phase
 from muralist_operator.decision import (
     REASON_MAX_RESTARTS,
     REASON_PERMANENT,
@@ -17,8 +19,6 @@ from muralist_operator.decision import (
     iso,
 )
 from muralist_operator.policies import deadline, failure, stall, suspension, ttl, world
-from muralist_runtime.spec.api import ContextParallelSpec, Parallelism, RunPolicy
-from muralist_runtime.spec.status import MAX_INDEX_ENTRIES, DiffusionJobStatus, Phase
 
 from tests.builders import make_job
 from tests.views import NOW, failed, index_progress, job_view, pod, progress

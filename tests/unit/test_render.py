@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 import yaml
+from muralist_api.job import ContextParallelSpec
+from muralist_api.runtime_spec import RuntimeSpec
 from muralist_operator.render import (
     CONFIGMAP_MAX_BYTES,
     OperatorSettings,
     RenderError,
     render_children,
 )
-from muralist_runtime.spec.api import ContextParallelSpec
-from muralist_runtime.spec.resolved import RuntimeSpec
 
 from tests.builders import make_job
 
@@ -297,8 +297,8 @@ def test_both_launchers_start_from_the_launch_entry_point() -> None:
 def test_pod_and_local_commands_come_from_one_contract() -> None:
     import sys
 
+    from muralist_api import contract
     from muralist_runtime import local
-    from muralist_runtime.spec import contract
 
     job = make_job().world(nodes=2, gpus=0, processes=2).set("spec.parallelism.launcher", "accelerate").job()
     runtime = RuntimeSpec(name="cats", spec=job.spec, output_dir="/o")

@@ -14,8 +14,8 @@ import io
 from pathlib import Path
 
 import pytest
+from muralist_api import contract
 from muralist_cli import main as cli
-from muralist_runtime.spec import contract
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from muralist_api import contract
+from muralist_api.contract import Termination
 from muralist_runtime import agent
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.contract import Termination
 from muralist_runtime.termination import permanent_verdict_line
 
 PERMANENT = Termination(exit_code=78, permanent=True, reason="PermanentFailure",

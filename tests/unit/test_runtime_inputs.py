@@ -7,9 +7,9 @@ import io
 from pathlib import Path
 
 import pytest
+from muralist_api.items import Item
+from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime.inputs import InputError, load_inputs, missing_inline_inputs, thumbnail_jpeg
-from muralist_runtime.spec.items import Item
-from muralist_runtime.spec.resolved import RuntimeSpec
 from PIL import Image
 
 

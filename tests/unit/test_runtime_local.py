@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from muralist_api import contract
+from muralist_api.rules.problems import ValidationProblem
+from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import local
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.problems import ValidationProblem
-from muralist_runtime.spec.resolved import RuntimeSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

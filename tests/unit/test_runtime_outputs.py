@@ -8,10 +8,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from muralist_api.contract import PermanentFailure
+from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import merge, outputs, shards, temps
 from muralist_runtime.rows import inline_rows, items_of
-from muralist_runtime.spec.contract import PermanentFailure
-from muralist_runtime.spec.resolved import RuntimeSpec
 from muralist_runtime.writer import JobFile, atomic_write_text
 from PIL import Image
 
@@ -230,8 +230,8 @@ def test_an_output_folder_of_an_older_version_resumes(tmp_path: Path) -> None:
 
 
 def test_digest_covers_pixels_only_and_ignores_defaults() -> None:
-    from muralist_runtime.spec.features import Adapter, CacheSpec
-    from muralist_runtime.spec.resume import recorded_digest, spec_digest
+    from muralist_api.contract.resume import recorded_digest, spec_digest
+    from muralist_api.options import Adapter, CacheSpec
 
     base = runtime(Path("/o")).spec
     same = [base.model_copy(update={"generation": base.generation.model_copy(update=change)})

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from muralist_api import contract
+from muralist_api.contract import Counts
 from muralist_runtime import progress
 from muralist_runtime.progress import PodReporter, Progress, RankFile, read_counts, target_from_env
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.contract import Counts
 
 
 class FakeOperator:

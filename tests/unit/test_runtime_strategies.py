@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from muralist_runtime.spec.api import ContextParallelSpec, DiffusionJobSpec, Strategy, TensorParallelSpec
-from muralist_runtime.spec.contract import PermanentFailure
+from muralist_api.contract import PermanentFailure
+from muralist_api.job import ContextParallelSpec, DiffusionJobSpec, Strategy, TensorParallelSpec
 from muralist_runtime.strategies import REGISTRY, Plan, cpu_device_shim, get_strategy
 
 

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from muralist_api.items import item_seed, row_items
+from muralist_api.job import Generation
 from muralist_runtime import work
 from muralist_runtime.item_failures import JobTally
-from muralist_runtime.spec.api import Generation
-from muralist_runtime.spec.items import item_seed, row_items
 from muralist_runtime.world import Layout
 
 from tests.builders import make_job
@@ -166,8 +166,8 @@ def test_job_ranks_and_groups_do_not_depend_on_the_world(ppn: int, nodes: int, g
 
 def test_a_cpu_job_stays_on_the_cpu_and_gpus_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
+    from muralist_api.contract import PermanentFailure
     from muralist_runtime import world
-    from muralist_runtime.spec.contract import PermanentFailure
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

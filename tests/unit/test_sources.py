@@ -368,7 +368,7 @@ def test_a_new_rows_call_invalidates_the_previous_iterator(every_format: dict[st
 # -- the job's view: a mapped column the source lacks fails the job before any item ---------------
 
 def dataset_runtime(root: Path, path: str, **columns: str):
-    from muralist_runtime.spec.resolved import RuntimeSpec
+    from muralist_api.runtime_spec import RuntimeSpec
 
     from tests.builders import make_job
 
@@ -384,8 +384,8 @@ def dataset_runtime(root: Path, path: str, **columns: str):
 @pytest.mark.parametrize("field", ["prompt", "negativePrompt", "seed", "id", "image", "mask", "strength"])
 def test_every_mapped_column_is_checked_against_the_schema_in_every_format(tmp_path: Path, fmt: str,
                                                                           field: str) -> None:
+    from muralist_api.contract import PermanentFailure
     from muralist_runtime import rows
-    from muralist_runtime.spec.contract import PermanentFailure
 
     path = write_schema(tmp_path, fmt)
     columns = {"prompt": "caption", field: "text"}
@@ -395,8 +395,8 @@ def test_every_mapped_column_is_checked_against_the_schema_in_every_format(tmp_p
 
 
 def test_a_folder_names_the_file_that_lacks_a_column(tmp_path: Path) -> None:
+    from muralist_api.contract import PermanentFailure
     from muralist_runtime import rows
-    from muralist_runtime.spec.contract import PermanentFailure
 
     folder = tmp_path / "parts"
     folder.mkdir()

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import main, outputs, shards, temps, writer
-from muralist_runtime.spec.resolved import RuntimeSpec
 from muralist_runtime.work import NothingLeft
 
 # Every writer of the output tree, killed at its rename: the process dies there, so it cleans

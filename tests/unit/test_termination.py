@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from muralist_api import contract
+from muralist_api.contract import Counts, Termination
 from muralist_runtime import termination
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.contract import Counts, Termination
 
 
 def summary(counts: Counts, code: int, permanent: bool, reason: str, message: str,

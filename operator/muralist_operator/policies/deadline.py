@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from muralist_runtime.spec.api import RunPolicy
-from muralist_runtime.spec.status import DiffusionJobStatus
+from muralist_api.job import RunPolicy
+from muralist_api.status import DiffusionJobStatus
 
 from muralist_operator.decision import parse_time
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.api import DiffusionJob
-from muralist_runtime.spec.contract import PERMANENT_FAILURE_EXIT_CODE
-from muralist_runtime.spec.status import MAX_FAILURE_MESSAGE, MAX_INDEX_ENTRIES, IndexStatus, Phase
+from muralist_api import contract
+from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE
+from muralist_api.job import DiffusionJob
+from muralist_api.status import MAX_FAILURE_MESSAGE, MAX_INDEX_ENTRIES, IndexStatus, Phase
 
 from muralist_operator.decision import (
     REASON_DEADLINE,

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from muralist_runtime.spec.api import DiffusionJobSpec
+from muralist_api.job import DiffusionJobSpec
 
 from muralist_operator.observe import PodView
 from muralist_operator.progress.aggregate import JobProgress

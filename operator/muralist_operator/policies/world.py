@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from muralist_runtime.spec import contract
-from muralist_runtime.spec.api import Parallelism
+from muralist_api import contract
+from muralist_api.job import Parallelism
 
 from muralist_operator.decision import REASON_WORLD_FAILED
 from muralist_operator.observe import PodView

@@ -30,7 +30,7 @@ from http import HTTPStatus
 from typing import Any
 
 from kubernetes.client.rest import ApiException
-from muralist_runtime.spec.contract import COMPLETION_INDEX_ANNOTATION
+from muralist_api.contract import COMPLETION_INDEX_ANNOTATION
 
 from muralist_operator.render import LABEL_JOB
 

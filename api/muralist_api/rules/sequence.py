@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .catalog import CP_FIELD, Problem, heads_problems
+from muralist_api.rules.catalog import CP_FIELD, Problem, heads_problems
 
 # Pipelines that pack 2x2 latent patches into one token themselves (their transformer's
 # config says patch_size 1): Flux, Flux 2 and Qwen-Image.

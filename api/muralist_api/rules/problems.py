@@ -13,14 +13,13 @@ import re
 import reprlib
 from typing import TYPE_CHECKING, Any
 
+from muralist_api.rules import catalog, workloads
+from muralist_api.rules.catalog import DNS_LABEL_MAX, Problem
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
-from . import catalog, workloads
-from .catalog import DNS_LABEL_MAX, Problem
-
 if TYPE_CHECKING:
-    from .api import DiffusionJob, DiffusionJobSpec
+    from muralist_api.job import DiffusionJob, DiffusionJobSpec
 
 DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
@@ -122,7 +121,7 @@ def name_problem(name: str, nodes: int) -> str | None:
 
 def parse_job(manifest: Any) -> DiffusionJob:
     """Validate a manifest (a dict from YAML) or raise ValidationProblem naming every field."""
-    from .api import API_VERSION, KIND, DiffusionJob
+    from muralist_api.job import API_VERSION, KIND, DiffusionJob
 
     if not isinstance(manifest, dict):
         raise ValidationProblem([f"manifest: expected a mapping, got {type(manifest).__name__}"])
@@ -242,7 +241,7 @@ def _process_problems(spec: DiffusionJobSpec) -> list[Problem]:
 
 def _layout_problems(spec: DiffusionJobSpec) -> list[Problem]:
     """The CP / TP layout against the catalog (the runtime checks the same on the machine)."""
-    from .api import ContextParallelSpec, TensorParallelSpec
+    from muralist_api.job import ContextParallelSpec, TensorParallelSpec
 
     par = spec.parallelism
     if par.strategy not in ("ContextParallel", "TensorParallel"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from .api import Generation
+from muralist_api.job import Generation
 
 
 def item_key(row: int, image_index: int) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .catalog import Problem
+from muralist_api.rules.catalog import Problem
 
 # -- video -------------------------------------------------------------------------------------
 

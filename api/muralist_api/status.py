@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import ApiModel
+from muralist_api.base import ApiModel
 
 
 class Phase(StrEnum):

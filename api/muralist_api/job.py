@@ -13,11 +13,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .base import ApiModel, KubeObject, relative_path
-from .data import Dataset, Inputs, PromptsFrom, PromptSpec
-from .features import Adapter, CacheSpec, SchedulerSpec
-from .pods import PodTemplate, RunPolicy
-from .status import DiffusionJobStatus
+from muralist_api.base import ApiModel, KubeObject, relative_path
+from muralist_api.data import Dataset, Inputs, PromptsFrom, PromptSpec
+from muralist_api.options import Adapter, CacheSpec, SchedulerSpec
+from muralist_api.pods import PodTemplate, RunPolicy
+from muralist_api.status import DiffusionJobStatus
 
 GROUP = "muralist.dev"
 VERSION = "v1alpha1"
@@ -322,7 +322,7 @@ class DiffusionJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> DiffusionJobSpec:
-        from .problems import spec_problems  # the rules read these types: import at use
+        from muralist_api.rules.problems import spec_problems  # the rules read these types: import at use
 
         problems = [f"{path}: {message}" for path, message in spec_problems(self)]
         if problems:

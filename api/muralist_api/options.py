@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import ApiModel, KubeObject
+from muralist_api.base import ApiModel, KubeObject
 
 CacheType = Literal["FirstBlockCache", "TaylorSeer", "MagCache", "FasterCache", "PyramidAttentionBroadcast"]
 

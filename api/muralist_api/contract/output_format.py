@@ -3,7 +3,7 @@
 A job's output folder outlives the runtime that started it: a pod upgraded in the middle of a
 job, or the same manifest run again by a newer `muralist`, resumes a folder an older version
 wrote. So the folder's layout is versioned (`OUTPUT_FORMAT`, recorded in job.json as
-`outputFormat`, beside `digestVersion`, which versions the resume digest: spec/resume.py), and
+`outputFormat`, beside `digestVersion`, which versions the resume digest: muralist_api/contract/resume.py), and
 this module is the one place that knows the shapes older versions wrote.
 
 Versions (tests/fixtures/formats/ holds a partial folder of each, written by the commit named):
@@ -53,11 +53,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import PermanentFailure
+from muralist_api.contract import PermanentFailure
 
 OUTPUT_FORMAT = 4
 OLDEST_FORMAT = 1
-_KEY = re.compile(r"(\d+)-(\d+)")  # <row>-<image> (spec/items.item_key), in every version
+_KEY = re.compile(r"(\d+)-(\d+)")  # <row>-<image> (muralist_api/items.item_key), in every version
 
 
 class FormatError(ValueError):

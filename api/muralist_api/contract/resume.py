@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .api import DiffusionJobSpec, Generation, ModelSpec
+from muralist_api.job import DiffusionJobSpec, Generation, ModelSpec
 
 DIGEST_VERSION = 2
 # Of spec.model: what selects the weights and their precision, and the LoRA adapters on top

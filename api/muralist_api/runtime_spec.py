@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from .api import DiffusionJobSpec
-from .base import ApiModel
+from muralist_api.base import ApiModel
+from muralist_api.job import DiffusionJobSpec
 
 
 class RuntimeSpec(ApiModel):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from .base import ApiModel, KubeObject, relative_path
+from muralist_api.base import ApiModel, KubeObject, relative_path
 
 
 class ConfigMapKeyRef(ApiModel):

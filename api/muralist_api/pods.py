@@ -6,8 +6,8 @@ import re
 
 from pydantic import Field, field_validator
 
-from .base import ApiModel, KubeObject
-from .contract import reserved_env_problem
+from muralist_api.base import ApiModel, KubeObject
+from muralist_api.contract import reserved_env_problem
 
 
 class EnvVar(ApiModel):

@@ -1,0 +1,60 @@
+"""Muralist's API: what the operator image and the runtime image share (`muralist-api`).
+
+Torch-free and standalone (import-linter checks it imports neither image's code), so both
+images install it and the operator needs nothing else of the runtime:
+
+- `job`, `data`, `options`, `pods`, `status`, `base`: the DiffusionJob types (the CRD is
+  generated from them);
+- `rules/`: parsing a manifest and every problem named by its field (`problems`), the rules
+  catalog shared by admission and the runtime (`catalog`, `workloads`, `sequence`);
+- `contract/`: what crosses between the images: the pod contract (launcher command,
+  environment, paths, exit codes, termination message), the resume digest (`resume`) and the
+  output folder's versions (`output_format`);
+- `runtime_spec`: the runtime spec the operator hands to the pods;
+- `items`: work items and their seeds;
+- `manifests`: reading manifest files.
+
+The names most callers need are re-exported here.
+"""
+
+from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE, PermanentFailure
+from muralist_api.items import Item, item_key
+from muralist_api.job import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    DiffusionJob,
+    DiffusionJobSpec,
+    Strategy,
+)
+from muralist_api.rules.problems import ValidationProblem, parse_job, problems_from
+from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus, Phase
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PERMANENT_FAILURE_EXIT_CODE",
+    "PLURAL",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "TERMINAL_PHASES",
+    "VERSION",
+    "DiffusionJob",
+    "DiffusionJobSpec",
+    "DiffusionJobStatus",
+    "Item",
+    "PermanentFailure",
+    "Phase",
+    "RuntimeSpec",
+    "Strategy",
+    "ValidationProblem",
+    "item_key",
+    "parse_job",
+    "problems_from",
+]
