@@ -296,3 +296,24 @@ def test_the_coalescing_selector_serves_a_burst_with_one_wake_up() -> None:
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_freed_memory_is_given_back_in_a_wave_of_closes_and_at_its_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    trims: list[int] = []
+    monkeypatch.setattr(http1, "_MALLOC_TRIM", lambda pad: trims.append(pad) or 1)
+    connections = http1.Connections(http1.Limits())
+    keys = [object() for _ in range(1000)]
+
+    def sweep_with(n_open: int) -> int:
+        connections.open = dict.fromkeys(keys[:n_open])  # type: ignore[arg-type]
+        before = len(trims)
+        connections._give_back()
+        return len(trims) - before
+
+    assert sweep_with(1000) == 0  # a flood arrives: nothing to give back
+    assert sweep_with(300) == 1  # 700 closed in one sweep
+    assert sweep_with(200) == 0  # still closing, fewer than TRIM_AFTER_CLOSED since the last
+    assert sweep_with(200) == 1  # the closing stopped: its tail goes back too
+    assert sweep_with(200) == 0  # and only once
+    assert sweep_with(190) == 0  # churn of a few connections costs no trim
+    assert sweep_with(190) == 0

@@ -64,8 +64,10 @@ LATE_SECONDS = 0.25
 # Connections the server ended, by reason, are logged at most this often.
 CLOSED_LOG_SECONDS = 60.0
 # Freed memory is given back to the system once this many connections have closed (~40 KiB each
-# over TLS) since the most that were open at once.
+# over TLS) since the most that were open at once, or, once the closing has stopped, this few: the
+# tail of a wave of closes, which would otherwise stay with the process until the next wave.
 TRIM_AFTER_CLOSED = 256
+TRIM_AFTER_SETTLED = 32
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -194,6 +196,7 @@ class Connections:
         self.unproven: dict[HttpConnection, None] = {}
         self.seen = 0
         self.high_water = 0  # the most connections open at once since memory was last given back
+        self._open_last_sweep = 0
         self.held_up = 0.0  # seconds the server's loop was too busy to serve, in all
         self.closed: collections.Counter[str] = collections.Counter()  # ended by the server, by reason
         self.clock = _Clock()
@@ -263,11 +266,15 @@ class Connections:
         this the operator's RSS stays at a flood's peak: 1,000 TLS connections closed left it
         at 100 MiB, malloc_trim took it back to 67 (the 60 MiB it started from, and the
         connections' bookkeeping). A few milliseconds, at most once a sweep, and only after
-        many connections closed."""
-        self.high_water = max(self.high_water, len(self.open))
-        if self.high_water - len(self.open) >= TRIM_AFTER_CLOSED and _MALLOC_TRIM is not None:
+        many connections closed, or once a wave of closes has stopped (its tail)."""
+        now_open = len(self.open)
+        self.high_water = max(self.high_water, now_open)
+        closed = self.high_water - now_open
+        settled = now_open >= self._open_last_sweep
+        self._open_last_sweep = now_open
+        if _MALLOC_TRIM is not None and (closed >= TRIM_AFTER_CLOSED or (settled and closed >= TRIM_AFTER_SETTLED)):
             _MALLOC_TRIM(0)
-            self.high_water = len(self.open)
+            self.high_water = now_open
 
     def _log(self, now: float) -> None:
         """One line a minute at most when the server ended connections for a limit (not idle
