@@ -4,7 +4,8 @@ Torch-free and standalone (import-linter checks it imports neither image's code)
 images install it and the operator needs nothing else of the runtime:
 
 - `job`, `data`, `options`, `pods`, `status`, `base`: the DiffusionJob types (the CRD is
-  generated from them);
+  generated from them); `cel`: the CEL rules declared on those types, each naming the Python
+  rule it mirrors;
 - `rules/`: parsing a manifest and every problem named by its field (`problems`), the rules
   catalog shared by admission and the runtime (`catalog`, `workloads`, `sequence`);
 - `contract/`: what crosses between the images: the pod contract (launcher command,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from muralist_api.cel import python_rule
+
 # -- torchrun: it reads PET_<FLAG> for each --flag, so a container needs no flags at all -------
 PET_NNODES = "PET_NNODES"
 PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
@@ -89,6 +91,7 @@ def pod_command(spec_file: str = SPEC_FILE, python: str = "python") -> list[str]
     return [python, "-m", LAUNCH_MODULE, "--spec", spec_file]
 
 
+@python_rule()
 def reserved_env_problem(name: str) -> str | None:
     if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
         return (f"'{name}' is set by Muralist (torchrun contract / HF token); rename or remove it "
