@@ -156,7 +156,8 @@ class _FactoryDefaults(GenerateJsonSchema):
 
 def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation", schema_generator=_FactoryDefaults)
-    return _structural(raw, raw.get("$defs", {}))
+    schema: dict[str, Any] = _structural(raw, raw.get("$defs", {}))
+    return schema
 
 
 def _at(schema: dict[str, Any], path: str) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class SequenceLengths:
 
 def vae_scale_factor(vae_config: dict[str, Any]) -> int:
     """2 ** (len(block_out_channels) - 1), as diffusers' image pipelines compute it."""
-    return 2 ** (len(vae_config.get("block_out_channels", [0])) - 1)
+    return int(2 ** (len(vae_config.get("block_out_channels", [0])) - 1))
 
 
 def vae_scales(vae_config: dict[str, Any]) -> tuple[int, int]:

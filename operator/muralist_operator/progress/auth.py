@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, PROGRESS_AUDIENCE
 
 from muralist_operator.render import LABEL_JOB
