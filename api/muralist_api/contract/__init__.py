@@ -85,6 +85,8 @@ from muralist_api.contract.pod import (
     torchrun_program,
 )
 from muralist_api.contract.progress import (
+    DEFAULT_POST_INTERVAL_SECONDS,
+    MAX_POD_NAME,
     PROGRESS_AUDIENCE,
     PROGRESS_CA_KEY,
     PROGRESS_LINE_PREFIX,
@@ -92,6 +94,9 @@ from muralist_api.contract.progress import (
     PROGRESS_TOKEN_DIR,
     PROGRESS_TOKEN_FILE,
     PROGRESS_TOKEN_SECONDS,
+    ProgressReport,
+    ReportError,
+    parse_progress_path,
     progress_url,
 )
 from muralist_api.contract.termination import (
@@ -113,6 +118,7 @@ __all__ = [
     "CLAIMS_PORT",
     "COMPLETION_INDEX_ANNOTATION",
     "DATASET_MOUNT",
+    "DEFAULT_POST_INTERVAL_SECONDS",
     "DEFAULT_STAGE_DIR",
     "EXIT_OK",
     "EXIT_RETRYABLE",
@@ -121,6 +127,7 @@ __all__ = [
     "INPUTS_MOUNT",
     "LAUNCH_MODULE",
     "MASTER_PORT",
+    "MAX_POD_NAME",
     "MURALIST_ATTEMPT",
     "MURALIST_CACHE",
     "MURALIST_CLAIMS_ADDR",
@@ -177,8 +184,10 @@ __all__ = [
     "Counts",
     "Launcher",
     "PermanentFailure",
+    "ProgressReport",
     "Reason",
     "Rendezvous",
+    "ReportError",
     "Termination",
     "World",
     "accelerate_program",
@@ -187,6 +196,7 @@ __all__ = [
     "local_program",
     "master_host",
     "message_severity",
+    "parse_progress_path",
     "pod_command",
     "pod_world",
     "pods_per_world",

@@ -64,7 +64,7 @@ def parse_progress_path(path: str) -> tuple[str, str] | None:
 
 # -- the report ------------------------------------------------------------------------------------
 
-Count = Annotated[int, Field(ge=0)]
+_Count = Annotated[int, Field(ge=0)]
 
 
 class ReportError(ValueError):
@@ -85,13 +85,13 @@ class ProgressReport(BaseModel):
                               strict=True)
 
     pod: str = Field(min_length=1, max_length=MAX_POD_NAME)
-    index: Count
-    attempt: Count
+    index: _Count
+    attempt: _Count
     ranks: int = Field(ge=1)
-    completed: Count
-    skipped: Count
-    failed: Count
-    total: Count
+    completed: _Count
+    skipped: _Count
+    failed: _Count
+    total: _Count
     last_step_time: AwareDatetime | None = None
     last_image_time: AwareDatetime | None = None
     sent_at: AwareDatetime
