@@ -18,4 +18,5 @@ export MURALIST_REQUIRE_E2E=1
 export MURALIST_REQUIRE_BROWSER=1
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports"
+"$VENV/bin/mypy"
 exec "$VENV/bin/python" -m pytest "$@"

@@ -4,11 +4,13 @@ Torch-free and standalone (import-linter checks it imports neither image's code)
 images install it and the operator needs nothing else of the runtime:
 
 - `job`, `data`, `options`, `pods`, `status`, `base`: the DiffusionJob types (the CRD is
-  generated from them);
+  generated from them); `cel`: the CEL rules declared on those types, each naming the Python
+  rule it mirrors;
 - `rules/`: parsing a manifest and every problem named by its field (`problems`), the rules
   catalog shared by admission and the runtime (`catalog`, `workloads`, `sequence`);
 - `contract/`: what crosses between the images: the pod contract (launcher command,
-  environment, paths, exit codes, termination message), the resume digest (`resume`) and the
+  environment, paths: `pod`; exit codes, termination message: `termination`), the progress
+  wire (`progress`), the resume digest (`resume`) and the
   output folder's versions (`output_format`);
 - `runtime_spec`: the runtime spec the operator hands to the pods;
 - `items`: work items and their seeds;

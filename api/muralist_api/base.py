@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from muralist_api.cel import CelRule
 
 
 class ApiModel(BaseModel):
@@ -18,6 +20,10 @@ class ApiModel(BaseModel):
         use_enum_values=True,
         validate_default=True,
     )
+
+    # CEL rules with `self` bound to this model's object (the CRD's x-kubernetes-validations at its
+    # node); rules about one field go on the field instead (Annotated[T, CelRule(...)]).
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
 
     def wire(self) -> dict[str, Any]:
         """The object as it appears in a manifest (camelCase, unset optionals left out)."""

@@ -3,20 +3,25 @@
 Pure pydantic, no torch: the operator imports this module, and so does every pod. The CRD's
 schema is generated from these models (`muralist crd`), so each field carries a description
 that `kubectl explain` shows. Rules that need several fields live in `problems.py` (with the
-facts they use in `catalog.py`); the CRD's CEL rules mirror them (operator/crd.py).
+facts they use in `catalog.py`); the CRD's CEL rules that mirror them are declared here, on the
+field or model they guard, each naming the Python rule it mirrors (muralist_api/cel.py), and
+operator/crd.py writes them into the CRD.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from muralist_api.base import ApiModel, KubeObject, relative_path
+from muralist_api.cel import CelRule, cel_list, python_rule
 from muralist_api.data import Dataset, Inputs, PromptsFrom, PromptSpec
 from muralist_api.options import Adapter, CacheSpec, SchedulerSpec
 from muralist_api.pods import PodTemplate, RunPolicy
+from muralist_api.rules import catalog, problems
+from muralist_api.rules.catalog import ATTENTION_BACKENDS, DNS_LABEL_MAX
 from muralist_api.status import DiffusionJobStatus
 
 GROUP = "muralist.dev"
@@ -134,7 +139,28 @@ class Generation(ApiModel):
     cache: CacheSpec | None = Field(None, description="A step cache (diffusers cache hooks) for faster steps.")
 
 
+_CP_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel]
+_RING_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel and b.lse]
+_CPU_CP_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel and b.cpu]
+
+
 class ContextParallelSpec(ApiModel):
+    cel_rules = (
+        CelRule(
+            f"self.attentionBackend in {cel_list(_CP_BACKENDS)}",
+            "spec.parallelism.contextParallel.attentionBackend: not a diffusers backend that supports "
+            f"context parallelism; use one of {', '.join(_CP_BACKENDS)}",
+            mirrors=catalog.backend_problems,
+        ),
+        CelRule(
+            f"self.ringDegree == 1 || self.attentionBackend in {cel_list(_RING_BACKENDS)}",
+            "spec.parallelism.contextParallel.attentionBackend: ring attention (ringDegree > 1) "
+            f"needs a backend that returns LSE; use one of {', '.join(_RING_BACKENDS)} on GPUs, "
+            "or set ringDegree: 1",
+            mirrors=catalog.backend_problems,
+        ),
+    )
+
     ring_degree: int = Field(
         1, ge=1, description="Ring attention degree (needs an attention backend that returns LSE, GPU only)."
     )
@@ -165,7 +191,86 @@ class DeviceMapSpec(ApiModel):
     )
 
 
+# Processes per pod as the models resolve it (Parallelism.resolved_processes_per_node), in CEL.
+_PPN = (
+    "(has(self.processesPerNode) ? self.processesPerNode : "
+    "((self.strategy == 'DeviceMap' || self.gpusPerNode == 0) ? 1 : self.gpusPerNode))"
+)
+_CP_DEGREE = "(self.contextParallel.ringDegree * self.contextParallel.ulyssesDegree)"
+
+
 class Parallelism(ApiModel):
+    cel_rules = (
+        CelRule(
+            "!(has(self.contextParallel) && has(self.tensorParallel))",
+            "spec.parallelism: contextParallel and tensorParallel cannot both be set (diffusers' "
+            "ParallelConfig refuses it); keep the one that matches strategy",
+            mirrors=problems._strategy_section_problems,
+        ),
+        CelRule(
+            "!has(self.contextParallel) || self.strategy == 'ContextParallel'",
+            "spec.parallelism.contextParallel is only used by strategy ContextParallel; remove "
+            "it or set strategy: ContextParallel",
+            mirrors=problems._strategy_section_problems,
+        ),
+        CelRule(
+            "!has(self.tensorParallel) || self.strategy == 'TensorParallel'",
+            "spec.parallelism.tensorParallel is only used by strategy TensorParallel; remove it "
+            "or set strategy: TensorParallel",
+            mirrors=problems._strategy_section_problems,
+        ),
+        CelRule(
+            "!has(self.deviceMap) || self.strategy == 'DeviceMap'",
+            "spec.parallelism.deviceMap is only used by strategy DeviceMap; remove it or set strategy: DeviceMap",
+            mirrors=problems._strategy_section_problems,
+        ),
+        CelRule(
+            "self.strategy != 'DeviceMap' || !has(self.processesPerNode) || self.processesPerNode == 1",
+            "spec.parallelism.processesPerNode: DeviceMap runs one process per pod over all its "
+            "GPUs; set processesPerNode: 1 (or leave it out) and use nodes for replicas",
+            mirrors=problems._process_problems,
+        ),
+        CelRule(
+            "self.strategy == 'DeviceMap' || self.gpusPerNode == 0 || !has(self.processesPerNode) "
+            "|| self.processesPerNode == self.gpusPerNode",
+            "spec.parallelism.processesPerNode: with GPUs it is one process per GPU; set it to "
+            "gpusPerNode or leave it out",
+            mirrors=problems._process_problems,
+        ),
+        CelRule(
+            f"self.strategy != 'ContextParallel' || (has(self.contextParallel) && {_CP_DEGREE} >= 2)",
+            "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must be 2 or more "
+            "(1 is plain data parallelism); set ulyssesDegree or ringDegree",
+            mirrors=catalog.context_parallel_problems,
+        ),
+        CelRule(
+            f"self.strategy != 'ContextParallel' || !has(self.contextParallel) || {_PPN} % {_CP_DEGREE} == 0 "
+            f"|| ({_CP_DEGREE} % {_PPN} == 0 && self.nodes % ({_CP_DEGREE} / {_PPN}) == 0)",
+            "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must divide processesPerNode (a group "
+            "inside one pod) or be a multiple of it that divides the pods (a group over whole pods)",
+            mirrors=catalog.context_parallel_problems,
+        ),
+        CelRule(
+            "self.strategy != 'TensorParallel' || "
+            f"{_PPN} % (has(self.tensorParallel) ? self.tensorParallel.degree : 2) == 0",
+            "spec.parallelism.tensorParallel.degree must divide processesPerNode (a group stays inside one pod)",
+            mirrors=catalog.tensor_parallel_problems,
+        ),
+        CelRule(
+            "self.strategy != 'TensorParallel' || self.gpusPerNode > 0",
+            "spec.parallelism.gpusPerNode: TensorParallel needs GPUs (diffusers refuses it on "
+            "CPU); set gpusPerNode or use DataParallel / ContextParallel",
+            mirrors=catalog.tensor_parallel_problems,
+        ),
+        CelRule(
+            "self.strategy != 'ContextParallel' || self.gpusPerNode > 0 || !has(self.contextParallel) || "
+            f"self.contextParallel.attentionBackend in {cel_list(_CPU_CP_BACKENDS)}",
+            "spec.parallelism.contextParallel.attentionBackend: needs GPUs and this job has none; on CPU "
+            f"use one of {', '.join(_CPU_CP_BACKENDS)}",
+            mirrors=catalog.backend_problems,
+        ),
+    )
+
     strategy: Strategy = Field(
         Strategy.DATA_PARALLEL,
         description="DataParallel | DeviceMap | ContextParallel | TensorParallel.",
@@ -228,12 +333,29 @@ class Parallelism(ApiModel):
         return self.world_size // self.group_size
 
 
+@python_rule()
+def output_path(value: str) -> str:
+    """spec.output.path: a directory inside the volume (relative, no '..') that is not empty."""
+    if not value.strip("/") and not value.startswith("/"):
+        raise ValueError("must not be empty; leave it out to use metadata.name")
+    return relative_path(value)
+
+
 class Output(ApiModel):
     volume: KubeObject | None = Field(
         None,
         description="A Kubernetes VolumeSource for the results (e.g. a PVC); default an emptyDir.",
     )
-    path: str | None = Field(
+    path: Annotated[
+        str | None,
+        CelRule("!self.startsWith('/')", "spec.output.path must be relative to the volume", mirrors=output_path),
+        CelRule(
+            "!self.matches('(^|/)[.][.](/|$)')",
+            "spec.output.path must not contain '..': it must stay inside the volume",
+            mirrors=output_path,
+        ),
+        CelRule("self.matches('[^/]')", "spec.output.path must not be empty", mirrors=output_path),
+    ] = Field(
         None,
         max_length=1024,
         description="Directory inside the volume, relative, without '..'; default metadata.name.",
@@ -258,11 +380,7 @@ class Output(ApiModel):
     @field_validator("path")
     @classmethod
     def _relative_inside_volume(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if not value.strip("/") and not value.startswith("/"):
-            raise ValueError("must not be empty; leave it out to use metadata.name")
-        return relative_path(value)
+        return value if value is None else output_path(value)
 
 
 class NetworkPolicySpec(ApiModel):
@@ -276,35 +394,66 @@ class NetworkPolicySpec(ApiModel):
     )
 
 
+def immutable(field: str) -> CelRule:
+    """spec.<field> is fixed at creation (a transition rule: Python sees a manifest, not a change)."""
+    return CelRule(
+        "self == oldSelf",
+        f"spec.{field} cannot change after creation; create a new DiffusionJob (runPolicy fields can change)",
+        cel_only="a transition rule: Python validates a manifest, not a change to one",
+    )
+
+
 class DiffusionJobSpec(ApiModel):
-    model: ModelSpec = Field(description="The diffusion model to load.")
+    cel_rules = (
+        CelRule(
+            "!(self.parallelism.strategy in ['ContextParallel', 'TensorParallel']) || self.generation.batchSize == 1",
+            "spec.generation.batchSize: a ContextParallel or TensorParallel group renders one "
+            "image at a time; set batchSize: 1",
+            mirrors=problems._layout_problems,
+        ),
+        CelRule(
+            "has(self.promptsFrom) == has(oldSelf.promptsFrom)",
+            "spec.promptsFrom cannot be added or removed after creation; create a new DiffusionJob",
+            cel_only="a transition rule: Python validates a manifest, not a change to one",
+        ),
+    )
+
+    model: Annotated[ModelSpec, immutable("model")] = Field(description="The diffusion model to load.")
     prompts: list[str | PromptSpec] = Field(
         default_factory=list,
         max_length=50_000,
         description="Prompts: strings or {text, negativePrompt, seed}.",
     )
-    prompts_from: PromptsFrom | None = Field(None, description="More prompts from a ConfigMap (one per line).")
+    prompts_from: Annotated[PromptsFrom | None, immutable("promptsFrom")] = Field(
+        None, description="More prompts from a ConfigMap (one per line).")
     dataset: Dataset | None = Field(
         None,
         description="Rows from files on a volume (JSON Lines, CSV, Parquet, text, a saved datasets dataset), for "
         "jobs of 10^5-10^7 items; instead of prompts and promptsFrom.",
     )
     inputs: Inputs | None = Field(None, description="The volume that input images and masks are read from.")
-    generation: Generation = Field(default_factory=Generation, description="Sampling parameters.")
+    generation: Annotated[Generation, immutable("generation")] = Field(
+        default_factory=Generation, description="Sampling parameters.")
+    # Not immutable in the CRD: crd.py's old table listed it, but a duplicate key there dropped
+    # the rule, so the committed CRD lets parallelism change; restoring it is a CRD change.
     parallelism: Parallelism = Field(
         default_factory=Parallelism, description="How the work is split over pods, processes and GPUs."
     )
-    output: Output = Field(default_factory=Output, description="Where images are written.")
-    image: str = Field("", description="Runtime container image; default from the operator settings.")
-    resources: KubeObject = Field(
+    output: Annotated[Output, immutable("output")] = Field(
+        default_factory=Output, description="Where images are written.")
+    image: Annotated[str, immutable("image")] = Field(
+        "", description="Runtime container image; default from the operator settings.")
+    resources: Annotated[KubeObject, immutable("resources")] = Field(
         default_factory=dict,
         description="Container resources; default requests/limits nvidia.com/gpu = gpusPerNode.",
     )
-    pod_template: PodTemplate = Field(default_factory=PodTemplate, description="Pod scheduling and metadata.")
+    pod_template: Annotated[PodTemplate, immutable("podTemplate")] = Field(
+        default_factory=PodTemplate, description="Pod scheduling and metadata.")
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy, description="Restarts, deadlines, suspension and queueing."
     )
-    network_policy: NetworkPolicySpec = Field(
+    # The operator creates the job's NetworkPolicy with the job, once.
+    network_policy: Annotated[NetworkPolicySpec, immutable("networkPolicy")] = Field(
         default_factory=NetworkPolicySpec, description="Who may connect to the job's pods."
     )
 
@@ -322,11 +471,9 @@ class DiffusionJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> DiffusionJobSpec:
-        from muralist_api.rules.problems import spec_problems  # the rules read these types: import at use
-
-        problems = [f"{path}: {message}" for path, message in spec_problems(self)]
-        if problems:
-            raise ValueError("\n".join(problems))
+        found = [f"{path}: {message}" for path, message in problems.spec_problems(self)]
+        if found:
+            raise ValueError("\n".join(found))
         return self
 
 
@@ -342,6 +489,15 @@ class ObjectMeta(BaseModel):
 
 class DiffusionJob(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # The CRD's root: `self` is the whole object.
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            f"size(self.metadata.name) + 1 + size(string(self.spec.parallelism.nodes - 1)) <= {DNS_LABEL_MAX}",
+            f"metadata.name is too long: pod hostname <name>-<index> must fit in {DNS_LABEL_MAX} "
+            "characters; shorten the name",
+            mirrors=problems.name_problem,
+        ),
+    )
 
     api_version: Literal["muralist.dev/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["DiffusionJob"]

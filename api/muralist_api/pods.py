@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 from pydantic import Field, field_validator
 
 from muralist_api.base import ApiModel, KubeObject
-from muralist_api.contract import reserved_env_problem
+from muralist_api.cel import CelRule
+from muralist_api.contract import reserved_env_cel, reserved_env_problem
 
 
 class EnvVar(ApiModel):
@@ -32,7 +34,12 @@ class PodTemplate(ApiModel):
     image_pull_secrets: list[KubeObject] = Field(
         default_factory=list, description="Pod imagePullSecrets ([{name: ...}])."
     )
-    env: list[EnvVar] = Field(
+    env: Annotated[list[EnvVar], CelRule(
+        reserved_env_cel(),
+        "spec.podTemplate.env: PET_*, MURALIST_*, torchrun's variables and HF_TOKEN are set "
+        "by Muralist; rename or remove them (use model.tokenSecret for HF_TOKEN)",
+        mirrors=reserved_env_problem,
+    )] = Field(
         default_factory=list,
         max_length=200,
         description="Extra container env vars; PET_*, MURALIST_* and torchrun's names are reserved.",

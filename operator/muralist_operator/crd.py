@@ -3,174 +3,58 @@
 Pydantic emits JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema. The
 conversion inlines `$ref`s, turns `Optional[X]` into plain X (absent means unset), keeps
 defaults so the API server fills them in, and marks pass-through Kubernetes objects with
-`x-kubernetes-preserve-unknown-fields`. Cross-field rules are added as CEL at the paths
-in `CEL_RULES`; they mirror `muralist_api.rules.problems.spec_problems` and take their
-facts (backends, reserved names, limits) from the same catalog and contract.
+`x-kubernetes-preserve-unknown-fields`. The CEL rules are declared in the API beside the
+field or model they guard, each naming the Python rule it mirrors (muralist_api/cel.py);
+`CEL_RULES` collects them by schema path and they are added there.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Iterable, Iterator
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from muralist_api.contract import reserved_env_cel
-from muralist_api.job import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, DiffusionJobSpec
-from muralist_api.rules.catalog import ATTENTION_BACKENDS, DNS_LABEL_MAX
+from muralist_api.cel import CelRule
+from muralist_api.job import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, DiffusionJob, DiffusionJobSpec
+from muralist_api.rules.catalog import DNS_LABEL_MAX
 from muralist_api.status import DiffusionJobStatus
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 
-# Processes per pod as the models resolve it (Parallelism.resolved_processes_per_node).
-_PPN = (
-    "(has(self.processesPerNode) ? self.processesPerNode : "
-    "((self.strategy == 'DeviceMap' || self.gpusPerNode == 0) ? 1 : self.gpusPerNode))"
-)
-_CP_DEGREE = "(self.contextParallel.ringDegree * self.contextParallel.ulyssesDegree)"
+
+def _models(annotation: Any) -> Iterator[type[BaseModel]]:
+    """The models a field holds itself (X, X | None): not the items of a list or a map."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    elif get_origin(annotation) in (Union, UnionType, Annotated):
+        for arg in get_args(annotation):
+            yield from _models(arg)
 
 
-def _cel_list(names: list[str]) -> str:
-    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+def _cel_rules() -> dict[str, list[CelRule]]:
+    """The CEL rules declared on the models and their fields, by the JSON path of the schema node
+    they sit on (dot-separated property names below the root; "" for the root)."""
+    found: dict[str, list[CelRule]] = {}
+
+    def add(path: str, rules: Iterable[CelRule]) -> None:
+        if rules := list(rules):
+            found.setdefault(path, []).extend(rules)
+
+    def walk(model: type[BaseModel], path: str) -> None:
+        add(path, getattr(model, "cel_rules", ()))
+        for name, info in model.model_fields.items():
+            field_path = f"{path}.{info.alias or name}"
+            add(field_path, (m for m in info.metadata if isinstance(m, CelRule)))
+            for child in _models(info.annotation):
+                walk(child, field_path)
+
+    add("", DiffusionJob.cel_rules)
+    walk(DiffusionJobSpec, "spec")
+    return found
 
 
-_CP_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel]
-_RING_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel and b.lse]
-_CPU_CP_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel and b.cpu]
-
-
-def _rule(rule: str, message: str) -> dict[str, Any]:
-    return {"rule": rule, "message": message}
-
-
-def _immutable(field: str) -> dict[str, Any]:
-    return _rule(
-        "self == oldSelf",
-        f"spec.{field} cannot change after creation; create a new DiffusionJob (runPolicy fields can change)",
-    )
-
-
-# JSON path of an object in the schema (dot-separated property names below the root;
-# '*' for a list's items) -> CEL rules evaluated with `self` bound to that object.
-CEL_RULES: dict[str, list[dict[str, Any]]] = {
-    "": [
-        _rule(
-            f"size(self.metadata.name) + 1 + size(string(self.spec.parallelism.nodes - 1)) <= {DNS_LABEL_MAX}",
-            f"metadata.name is too long: pod hostname <name>-<index> must fit in {DNS_LABEL_MAX} "
-            "characters; shorten the name",
-        ),
-    ],
-    "spec": [
-        _rule(
-            "!(self.parallelism.strategy in ['ContextParallel', 'TensorParallel']) || self.generation.batchSize == 1",
-            "spec.generation.batchSize: a ContextParallel or TensorParallel group renders one "
-            "image at a time; set batchSize: 1",
-        ),
-        _rule(
-            "has(self.promptsFrom) == has(oldSelf.promptsFrom)",
-            "spec.promptsFrom cannot be added or removed after creation; create a new DiffusionJob",
-        ),
-    ],
-    **{
-        f"spec.{f}": [_immutable(f)]
-        for f in (
-            "model",
-            "promptsFrom",
-            "generation",
-            "parallelism",
-            "output",
-            "image",
-            "resources",
-            "podTemplate",
-            "networkPolicy",  # the operator creates it with the job, once
-        )
-    },
-    "spec.parallelism": [
-        _rule(
-            "!(has(self.contextParallel) && has(self.tensorParallel))",
-            "spec.parallelism: contextParallel and tensorParallel cannot both be set (diffusers' "
-            "ParallelConfig refuses it); keep the one that matches strategy",
-        ),
-        _rule(
-            "!has(self.contextParallel) || self.strategy == 'ContextParallel'",
-            "spec.parallelism.contextParallel is only used by strategy ContextParallel; remove "
-            "it or set strategy: ContextParallel",
-        ),
-        _rule(
-            "!has(self.tensorParallel) || self.strategy == 'TensorParallel'",
-            "spec.parallelism.tensorParallel is only used by strategy TensorParallel; remove it "
-            "or set strategy: TensorParallel",
-        ),
-        _rule(
-            "!has(self.deviceMap) || self.strategy == 'DeviceMap'",
-            "spec.parallelism.deviceMap is only used by strategy DeviceMap; remove it or set strategy: DeviceMap",
-        ),
-        _rule(
-            "self.strategy != 'DeviceMap' || !has(self.processesPerNode) || self.processesPerNode == 1",
-            "spec.parallelism.processesPerNode: DeviceMap runs one process per pod over all its "
-            "GPUs; set processesPerNode: 1 (or leave it out) and use nodes for replicas",
-        ),
-        _rule(
-            "self.strategy == 'DeviceMap' || self.gpusPerNode == 0 || !has(self.processesPerNode) "
-            "|| self.processesPerNode == self.gpusPerNode",
-            "spec.parallelism.processesPerNode: with GPUs it is one process per GPU; set it to "
-            "gpusPerNode or leave it out",
-        ),
-        _rule(
-            f"self.strategy != 'ContextParallel' || (has(self.contextParallel) && {_CP_DEGREE} >= 2)",
-            "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must be 2 or more "
-            "(1 is plain data parallelism); set ulyssesDegree or ringDegree",
-        ),
-        _rule(
-            f"self.strategy != 'ContextParallel' || !has(self.contextParallel) || {_PPN} % {_CP_DEGREE} == 0 "
-            f"|| ({_CP_DEGREE} % {_PPN} == 0 && self.nodes % ({_CP_DEGREE} / {_PPN}) == 0)",
-            "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must divide processesPerNode (a group "
-            "inside one pod) or be a multiple of it that divides the pods (a group over whole pods)",
-        ),
-        _rule(
-            "self.strategy != 'TensorParallel' || "
-            f"{_PPN} % (has(self.tensorParallel) ? self.tensorParallel.degree : 2) == 0",
-            "spec.parallelism.tensorParallel.degree must divide processesPerNode (a group stays inside one pod)",
-        ),
-        _rule(
-            "self.strategy != 'TensorParallel' || self.gpusPerNode > 0",
-            "spec.parallelism.gpusPerNode: TensorParallel needs GPUs (diffusers refuses it on "
-            "CPU); set gpusPerNode or use DataParallel / ContextParallel",
-        ),
-        _rule(
-            "self.strategy != 'ContextParallel' || self.gpusPerNode > 0 || !has(self.contextParallel) || "
-            f"self.contextParallel.attentionBackend in {_cel_list(_CPU_CP_BACKENDS)}",
-            "spec.parallelism.contextParallel.attentionBackend: needs GPUs and this job has none; on CPU "
-            f"use one of {', '.join(_CPU_CP_BACKENDS)}",
-        ),
-    ],
-    "spec.parallelism.contextParallel": [
-        _rule(
-            f"self.attentionBackend in {_cel_list(_CP_BACKENDS)}",
-            "spec.parallelism.contextParallel.attentionBackend: not a diffusers backend that supports "
-            f"context parallelism; use one of {', '.join(_CP_BACKENDS)}",
-        ),
-        _rule(
-            f"self.ringDegree == 1 || self.attentionBackend in {_cel_list(_RING_BACKENDS)}",
-            "spec.parallelism.contextParallel.attentionBackend: ring attention (ringDegree > 1) "
-            f"needs a backend that returns LSE; use one of {', '.join(_RING_BACKENDS)} on GPUs, "
-            "or set ringDegree: 1",
-        ),
-    ],
-    "spec.output.path": [
-        _rule("!self.startsWith('/')", "spec.output.path must be relative to the volume"),
-        _rule(
-            "!self.matches('(^|/)[.][.](/|$)')",
-            "spec.output.path must not contain '..': it must stay inside the volume",
-        ),
-        _rule("self.matches('[^/]')", "spec.output.path must not be empty"),
-    ],
-    "spec.podTemplate.env": [
-        _rule(
-            reserved_env_cel(),
-            "spec.podTemplate.env: PET_*, MURALIST_*, torchrun's variables and HF_TOKEN are set "
-            "by Muralist; rename or remove them (use model.tokenSecret for HF_TOKEN)",
-        ),
-    ],
-}
+CEL_RULES = _cel_rules()
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -272,7 +156,8 @@ class _FactoryDefaults(GenerateJsonSchema):
 
 def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation", schema_generator=_FactoryDefaults)
-    return _structural(raw, raw.get("$defs", {}))
+    schema: dict[str, Any] = _structural(raw, raw.get("$defs", {}))
+    return schema
 
 
 def _at(schema: dict[str, Any], path: str) -> dict[str, Any]:
@@ -309,7 +194,7 @@ def openapi_schema() -> dict[str, Any]:
         },
     }
     for path, rules in CEL_RULES.items():
-        _at(root, path).setdefault("x-kubernetes-validations", []).extend(copy.deepcopy(rules))
+        _at(root, path).setdefault("x-kubernetes-validations", []).extend(r.wire() for r in rules)
     return root
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
 from muralist_api.status import TERMINAL_PHASES, Condition, DiffusionJobStatus, Phase
 
@@ -91,7 +92,7 @@ def find_condition(conditions: list[Condition], type_: str) -> Condition | None:
 
 def set_condition(conditions: list[Condition], type_: str, value: bool, reason: str, message: str,
                   now: datetime, generation: int | None) -> None:
-    status = "True" if value else "False"
+    status: Literal["True", "False"] = "True" if value else "False"
     existing = find_condition(conditions, type_)
     if existing is None:
         conditions.append(Condition(type=type_, status=status, reason=reason, message=message,

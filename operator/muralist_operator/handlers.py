@@ -29,24 +29,26 @@ def reconciler() -> Reconciler:
 
 
 # -- indexes: what the operator knows about children, kept current by kopf's watches
+# (kopf's handler protocols type `namespace` as optional, for cluster-scoped objects; every
+# object watched here is namespaced, hence the ignores on the decorators)
 
 
-@kopf.index(GROUP, VERSION, PLURAL)
+@kopf.index(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
 def muralist_diffusionjobs(namespace: str, name: str, **_: Any) -> dict[Key, bool]:
     return {(namespace, name): True}
 
 
-@kopf.index("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})
+@kopf.index("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
 def muralist_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
     return {(namespace, owner_of(body)): job_view(body)}  # type: ignore[dict-item]
 
 
-@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})
+@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})  # type: ignore[arg-type]
 def muralist_pods(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
     return {(namespace, owner_of(body)): pod_view(body)}  # type: ignore[dict-item]
 
 
-@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})
+@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})  # type: ignore[arg-type]
 def muralist_pod_info(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, PodInfo]:
     """By pod name: who may post progress (progress/auth.py checks a token's pod against it)."""
     return {(namespace, name): pod_info(body)}
@@ -55,7 +57,7 @@ def muralist_pod_info(namespace: str, name: str, body: kopf.Body, **_: Any) -> d
 # -- triggers
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
+@kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
 def diffusion_job_event(namespace: str, name: str, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
     r = reconciler()
     r.remember_indexes(kwargs)
@@ -75,11 +77,11 @@ def _child_event(namespace: str, body: kopf.Body, kwargs: dict[str, Any]) -> Non
         r.reconcile(namespace, owner)
 
 
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
 def job_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
     _child_event(namespace, body, kwargs)
 
 
-@kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})
+@kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})  # type: ignore[arg-type]
 def pod_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
     _child_event(namespace, body, kwargs)

@@ -12,11 +12,11 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from muralist_api import GROUP, PLURAL, VERSION
 
 from muralist_operator.observe import STOPPED_ANNOTATION
@@ -36,9 +36,9 @@ def _unread(fn: Any, *args: Any, **kwargs: Any) -> None:
 
 def load_config() -> None:
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]  # the client's config is untyped
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
 @dataclass
@@ -67,7 +67,8 @@ class Kube:
 
     def get_diffusion_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            job = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            return cast("dict[str, Any]", job)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -75,8 +76,9 @@ class Kube:
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """The job as written (the reconciler's next pass starts from it)."""
-        return self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                                 {"status": status})
+        job = self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                                {"status": status})
+        return cast("dict[str, Any]", job)
 
     def delete_diffusion_job(self, namespace: str, name: str) -> None:
         self._ignore(
@@ -94,7 +96,7 @@ class Kube:
 
     def create(self, obj: dict[str, Any], owner: dict[str, Any]) -> bool:
         """Create a child owned by the DiffusionJob; False when it already exists."""
-        kopf.append_owner_reference(obj, owner=owner)
+        kopf.append_owner_reference(obj, owner=owner)  # type: ignore[arg-type]  # a plain dict serves as a Body
         ns = obj["metadata"]["namespace"]
         creators = {
             "Service": self.core.create_namespaced_service,

@@ -47,7 +47,7 @@ def progress_limits(args: argparse.Namespace) -> Limits:
     """The endpoint's limits: its defaults, and whatever flags were given."""
     given = {"max_connections": args.progress_max_connections, "handshake_timeout": args.progress_handshake_timeout,
              "request_timeout": args.progress_request_timeout, "idle_timeout": args.progress_idle_timeout}
-    return Limits(**{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
+    return Limits(**{k: v for k, v in given.items() if v is not None})
 
 
 def operator_namespace(args: argparse.Namespace) -> str:
@@ -163,7 +163,11 @@ def run_operator(args: argparse.Namespace) -> int:
     progress = Progress(args, kube, namespace) if args.progress_port else None
     settings = progress.settings(settings) if progress else dataclasses.replace(settings, progress_url=None)
     reconciler = handlers.RECONCILER = handlers.Reconciler(kube, settings, Aggregator(), is_active=peering.active)
-    reconciler.chores.append(lambda: peering.check() if peering.due() else None)
+    def peering_chore() -> None:
+        if peering.due():
+            peering.check()
+
+    reconciler.chores.append(peering_chore)
     if progress is not None:
         progress.start(reconciler, is_active=lambda: peering.active() and reconciler.listed)
         reconciler.chores.append(lambda: progress.renew(reconciler))
@@ -171,7 +175,9 @@ def run_operator(args: argparse.Namespace) -> int:
         pod = os.environ.get("POD_ID")
         if not pod:
             raise SystemExit("--progress-active-label needs POD_ID (the operator's pod name, from the downward API)")
-        mark = lambda active: kube.label_pod(namespace, pod, {ACTIVE_LABEL: "true" if active else None})  # noqa: E731
+        def mark(active: bool) -> None:
+            kube.label_pod(namespace, pod, {ACTIVE_LABEL: "true" if active else None})
+
         peering.listeners.append(mark)
         if peering.standalone:
             mark(True)

@@ -7,6 +7,7 @@ and `lifecycle.decide` reads only these, plus the job's progress as the pods pus
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,7 +100,7 @@ class Observed:
     progress: JobProgress | None = None
 
 
-def job_view(body: dict[str, Any]) -> JobView:
+def job_view(body: Mapping[str, Any]) -> JobView:
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     failed = conditions.get("Failed") or {}
@@ -123,7 +124,7 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
-def pod_view(body: dict[str, Any]) -> PodView:
+def pod_view(body: Mapping[str, Any]) -> PodView:
     meta, status = body.get("metadata", {}), body.get("status") or {}
     termination, counts, finished = None, None, None
     for cs in status.get("containerStatuses") or []:
@@ -157,5 +158,5 @@ def pod_view(body: dict[str, Any]) -> PodView:
     )
 
 
-def owner_of(body: dict[str, Any]) -> str | None:
+def owner_of(body: Mapping[str, Any]) -> str | None:
     return ((body.get("metadata") or {}).get("labels") or {}).get(LABEL_JOB)

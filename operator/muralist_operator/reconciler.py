@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from muralist_api.contract.progress import ProgressReport
 from muralist_api.job import DiffusionJob
 from muralist_api.rules.problems import ValidationProblem, parse_job
 from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus
@@ -43,7 +44,6 @@ from muralist_operator.observe import Observed, PodView
 from muralist_operator.policies import stall
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import PodInfo
-from muralist_operator.progress.report import PodReport
 from muralist_operator.render import Children, OperatorSettings, render_children
 
 log = logging.getLogger("muralist.operator")
@@ -131,7 +131,7 @@ class Reconciler:
         found = self._values("muralist_pod_info", (namespace, name))
         return found[0] if found else None
 
-    def on_report(self, namespace: str, job: str, report: PodReport) -> None:
+    def on_report(self, namespace: str, job: str, report: ProgressReport) -> None:
         """A pod's post: into the aggregator; wake the clock only when the job has become due."""
         key = (namespace, job)
         before = self.aggregator.next_due(key)
@@ -149,9 +149,10 @@ class Reconciler:
         for pod in pods:
             if pod.terminal and pod.counts is not None and pod.index >= 0:
                 # The termination message is the source of truth for a finished pod's counts,
-                # whether or not its posts reached us.
+                # whether or not its posts reached us. Built, not validated: it is no post, and
+                # an odd count in a message must not stop the reconcile.
                 c = pod.counts
-                self.aggregator.record(key, PodReport(
+                self.aggregator.record(key, ProgressReport.model_construct(
                     pod=pod.name, index=pod.index, attempt=pod.failure_count, ranks=1, completed=c.completed,
                     skipped=c.skipped, failed=c.failed, total=c.total, last_step_time=None, last_image_time=None,
                     sent_at=datetime.now(UTC), final=True), now=None)

@@ -293,9 +293,9 @@ def _volumes(job: DiffusionJob, settings: OperatorSettings) -> tuple[list[dict[s
                   "path": PROGRESS_TOKEN_FILE.removeprefix(PROGRESS_TOKEN_DIR + "/")}
         volumes.append({"name": PROGRESS_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": source}]}})
         mounts.append({"name": PROGRESS_TOKEN_VOLUME, "mountPath": PROGRESS_TOKEN_DIR, "readOnly": True})
-    source = job.spec.prompts_from
-    if source is not None:
-        ref = source.config_map_key_ref
+    prompts_from = job.spec.prompts_from
+    if prompts_from is not None:
+        ref = prompts_from.config_map_key_ref
         volumes.append(
             {"name": "prompts", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": PROMPTS_FILE}]}}
         )
@@ -318,7 +318,7 @@ def memory_request(job: DiffusionJob) -> str | None:
 
 
 def _resources(job: DiffusionJob) -> dict[str, Any]:
-    resources = json.loads(json.dumps(job.spec.resources))  # deep copy, JSON-only values
+    resources: dict[str, Any] = json.loads(json.dumps(job.spec.resources))  # deep copy, JSON-only values
     gpus = job.spec.parallelism.gpus_per_node
     if gpus > 0:
         limits = resources.setdefault("limits", {})

@@ -5,9 +5,10 @@
   readable without a collective.
 - The pod's first local rank sums those files and posts them to the operator (`PodReporter`,
   MURALIST_PROGRESS_URL) every few seconds and once at the end, over HTTPS with the pod's
-  projected service-account token (audience muralist.dev, re-read from its file on each post:
-  the kubelet rotates it). Generation never waits on it; errors are logged and ignored. Counts
-  are cumulative for the pod, so a lost post loses nothing.
+  projected service-account token (re-read from its file on each post: the kubelet rotates
+  it). The body, its path, the token's audience and the interval are the API's progress wire
+  (muralist_api.contract.progress: `ProgressReport`). Generation never waits on it; errors
+  are logged and ignored. Counts are cumulative for the pod, so a lost post loses nothing.
 - `muralist run` sums the files of all its agents into one bar for the whole job.
 - Pods: one line per finished item on stdout, `MURALIST_PROGRESS {json}`.
 - Stall detection: each report carries `lastStepTime` (the last denoising step, from the
@@ -29,10 +30,10 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract import PROGRESS_LINE_PREFIX, Counts
+from muralist_api.contract.progress import DEFAULT_POST_INTERVAL_SECONDS, ProgressReport
 
 from . import temps
 
@@ -40,12 +41,16 @@ log = logging.getLogger("muralist.progress")
 
 DEFAULT_PROGRESS_DIR = "/tmp/muralist-progress"
 RANK_FILE_INTERVAL_SECONDS = 0.5
-POST_INTERVAL_SECONDS = 3.0  # the operator may ask for another ({"intervalSeconds": N})
 POST_TIMEOUT_SECONDS = 10.0
 
 
 def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def moment(text: str | None) -> datetime.datetime | None:
+    """A time now_iso wrote (rank files keep them as text), for the report."""
+    return None if text is None else datetime.datetime.fromisoformat(text)
 
 
 @dataclass
@@ -220,7 +225,7 @@ def target_from_env(env: dict[str, str] | None = None) -> Target | None:
 class PodReporter:
     """Posts the pod's summed rank files from a daemon thread, over one kept-alive connection."""
 
-    def __init__(self, target: Target, directory: Path, interval: float = POST_INTERVAL_SECONDS):
+    def __init__(self, target: Target, directory: Path, interval: float = DEFAULT_POST_INTERVAL_SECONDS):
         self.target, self.directory, self.interval = target, directory, interval
         self._url = urllib.parse.urlsplit(target.url)
         self._conn: http.client.HTTPConnection | None = None
@@ -233,11 +238,15 @@ class PodReporter:
         self._thread.start()
         return self
 
-    def body(self, final: bool = False) -> dict[str, Any]:
+    def report(self, final: bool = False) -> ProgressReport | None:
+        """The pod's summed rank files as the operator reads them; None while no rank has started."""
         pod = read_pod([self.directory])
-        return {"pod": self.target.pod, "index": self.target.index, "attempt": self.target.attempt,
-                "ranks": pod.ranks, **asdict(pod.counts), "lastStepTime": pod.last_step_time,
-                "lastImageTime": pod.last_image_time, "sentAt": now_iso(), "final": final, "done": pod.done}
+        if pod.ranks == 0:
+            return None
+        return ProgressReport(pod=self.target.pod, index=self.target.index, attempt=self.target.attempt,
+                              ranks=pod.ranks, **asdict(pod.counts), last_step_time=moment(pod.last_step_time),
+                              last_image_time=moment(pod.last_image_time), sent_at=moment(now_iso()),
+                              final=final, finished=pod.done)
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -250,15 +259,19 @@ class PodReporter:
         return self._conn
 
     def send(self, final: bool = False) -> None:
-        body = self.body(final)
-        if body["ranks"] == 0:
+        try:
+            report = self.report(final)
+        except ValueError as e:  # a rank file's time that is not one: progress must never break generation
+            log.warning("progress: cannot build the report: %s", e)
+            return
+        if report is None:
             return  # no rank has started yet: nothing to say
         try:
             token = Path(self.target.token_file).read_text().strip()
         except OSError as e:
             log.warning("progress: cannot read the token %s: %s", self.target.token_file, e)
             return
-        data = json.dumps(body).encode()
+        data = report.to_wire()
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
         path = self._url.path + (f"?{self._url.query}" if self._url.query else "")
         try:

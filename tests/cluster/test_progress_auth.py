@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from muralist_api.contract.progress import ProgressReport
 from muralist_operator.progress.auth import COMPLETION_INDEX, LABEL_JOB, TokenVerifier, api_pod_lookup
-from muralist_operator.progress.report import PodReport
 from muralist_operator.progress.server import ProgressServer, client_context
 from muralist_operator.progress.tls import TlsMaterial, ensure_certificate, service_names
 
@@ -65,7 +65,7 @@ class Setup:
     tls: TlsMaterial
     server: ProgressServer
     conn: SniConnection
-    reports: list[tuple[str, str, PodReport]] = field(default_factory=list)
+    reports: list[tuple[str, str, ProgressReport]] = field(default_factory=list)
 
     def pod(self, name: str, job: str, index: int, namespace: str | None = None) -> str:
         """A pod of `job` at completion `index`, kept Running by kwok; returns its uid."""
@@ -135,7 +135,7 @@ def setup(kube_api: Any, core_v1: client.CoreV1Api, namespace: str) -> Iterator[
                        message="the certificate Secret")
         authentication = client.AuthenticationV1Api(api)
         verifier = TokenVerifier(authentication, api_pod_lookup(as_operator))
-        reports: list[tuple[str, str, PodReport]] = []
+        reports: list[tuple[str, str, ProgressReport]] = []
         server = ProgressServer(verifier, lambda ns, job, r: reports.append((ns, job, r)), tls,
                                 host="127.0.0.1", port=0).start()
         conn = SniConnection(server.port, client_context(tls.ca_pem or b""), service_names(SERVICE, namespace)[2])

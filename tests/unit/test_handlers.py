@@ -4,20 +4,19 @@ from pushed progress, and when."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from muralist_api.contract import Counts
+from muralist_api.contract.progress import ProgressReport
 from muralist_api.status import DiffusionJobStatus
 from muralist_operator import handlers
 from muralist_operator import reconciler as reconciler_module
 from muralist_operator.decision import CreateJob, Decision
 from muralist_operator.observe import PodView
 from muralist_operator.progress.aggregate import Aggregator
-from muralist_operator.progress.report import PodReport
 from muralist_operator.render import OperatorSettings
 
 from tests.builders import make_job
@@ -89,9 +88,9 @@ def running_reconciler(pods: list[PodView]) -> tuple[handlers.Reconciler, FakeKu
 KEY = ("ns", "cats")
 
 
-def post(index: int, completed: int) -> PodReport:
-    return PodReport(pod=f"cats-{index}-0", index=index, attempt=0, ranks=1, completed=completed, skipped=0, failed=0,
-                     total=10, last_step_time=NOW, last_image_time=NOW, sent_at=NOW, final=False)
+def post(index: int, completed: int) -> ProgressReport:
+    return ProgressReport(pod=f"cats-{index}-0", index=index, attempt=0, ranks=1, completed=completed, skipped=0,
+                          failed=0, total=10, last_step_time=NOW, last_image_time=NOW, sent_at=NOW, final=False)
 
 
 def test_counts_are_written_at_most_once_per_interval_and_the_rate_alone_never() -> None:
@@ -129,9 +128,9 @@ def test_a_stalled_pod_is_stopped() -> None:
     kube.body["spec"]["runPolicy"] = {"stallTimeoutSeconds": 10}
     kube.body["metadata"]["resourceVersion"] = "100"
     assert r.seen(KEY, copy.deepcopy(kube.body))  # the user's change, from the watch
-    stale = PodReport(pod="cats-1-0", index=1, attempt=0, ranks=1, completed=1, skipped=0, failed=0, total=10,
-                      last_step_time=datetime.now(UTC) - timedelta(seconds=60), last_image_time=None,
-                      sent_at=NOW, final=False)
+    stale = ProgressReport(pod="cats-1-0", index=1, attempt=0, ranks=1, completed=1, skipped=0, failed=0, total=10,
+                           last_step_time=datetime.now(UTC) - timedelta(seconds=60), last_image_time=None,
+                           sent_at=NOW, final=False)
     r.on_report("ns", "cats", stale)
     r.reconcile(*KEY)
     assert kube.stopped == ["cats-1-0"] and "Stalled" in kube.events
@@ -142,15 +141,15 @@ def test_every_running_job_gets_a_stall_check_when_a_pod_could_be_over() -> None
     # quietest pod could pass it (not every tick: every running job has a timeout now).
     r, kube, _ = running_reconciler([pod(0), pod(1)])
     assert KEY not in r.stall_checks, "no pod has stepped: nothing to time"
-    quiet = PodReport(pod="cats-1-0", index=1, attempt=0, ranks=1, completed=1, skipped=0, failed=0, total=10,
-                      last_step_time=datetime.now(UTC) - timedelta(seconds=590), last_image_time=None,
-                      sent_at=NOW, final=False)
+    quiet = ProgressReport(pod="cats-1-0", index=1, attempt=0, ranks=1, completed=1, skipped=0, failed=0, total=10,
+                           last_step_time=datetime.now(UTC) - timedelta(seconds=590), last_image_time=None,
+                           sent_at=NOW, final=False)
     r.on_report("ns", "cats", quiet)
     r.reconcile(*KEY)
     assert kube.stopped == [] and KEY not in r.clocked
     assert 8 < r.stall_checks[KEY] - time.monotonic() < 12, "due when the default (600 s) has passed"
-    r.on_report("ns", "cats", dataclasses.replace(quiet, pod="cats-0-0", index=0,
-                                                  last_step_time=datetime.now(UTC) - timedelta(seconds=700)))
+    r.on_report("ns", "cats", quiet.model_copy(update={"pod": "cats-0-0", "index": 0,
+                                                   "last_step_time": datetime.now(UTC) - timedelta(seconds=700)}))
     r.reconcile(*KEY)
     assert kube.stopped == ["cats-0-0"] and "Stalled" in kube.events
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from muralist_api.contract.progress import ProgressReport, ReportError
 from muralist_operator.progress.aggregate import Aggregator, post_interval
-from muralist_operator.progress.report import PodReport, ReportError, parse_report
 
 JOB = ("ns", "cats")
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -23,9 +24,9 @@ class Clock:
 
 def report(index: int = 0, attempt: int = 0, pod: str | None = None, completed: int = 0, skipped: int = 0,
            failed: int = 0, total: int = 10, step: int | None = None, final: bool = False,
-           done: bool = False) -> PodReport:
+           done: bool = False) -> ProgressReport:
     """`step`: seconds after T0 of the last denoising step."""
-    return PodReport(
+    return ProgressReport(
         pod=pod or f"cats-{attempt}-{index}", index=index, attempt=attempt, ranks=8, completed=completed,
         skipped=skipped, failed=failed, total=total,
         last_step_time=None if step is None else T0 + timedelta(seconds=step), last_image_time=None,
@@ -35,7 +36,7 @@ def report(index: int = 0, attempt: int = 0, pod: str | None = None, completed: 
 
 # -- counts: (reports in order, expected (completed, failed, total), expected applied flags) --------
 
-COUNT_CASES: dict[str, tuple[list[PodReport], tuple[int, int, int], list[bool]]] = {
+COUNT_CASES: dict[str, tuple[list[ProgressReport], tuple[int, int, int], list[bool]]] = {
     "cumulative posts of one pod": (
         [report(completed=2), report(completed=5)], (5, 0, 10), [True, True]),
     "skipped images count as completed": (
@@ -58,7 +59,7 @@ COUNT_CASES: dict[str, tuple[list[PodReport], tuple[int, int, int], list[bool]]]
 
 
 @pytest.mark.parametrize("reports, expected, applied", COUNT_CASES.values(), ids=COUNT_CASES.keys())
-def test_counts(reports: list[PodReport], expected: tuple[int, int, int], applied: list[bool]) -> None:
+def test_counts(reports: list[ProgressReport], expected: tuple[int, int, int], applied: list[bool]) -> None:
     agg = Aggregator(clock=Clock())
     assert [agg.record(JOB, r) for r in reports] == applied
     snap = agg.snapshot(JOB)
@@ -316,20 +317,20 @@ def test_suggested_interval_counts_pods_still_posting() -> None:
 # -- the wire body -------------------------------------------------------------------------------
 
 
-def body(**changes: Any) -> dict[str, Any]:
+def body(**changes: Any) -> bytes:
     doc: dict[str, Any] = {"pod": "cats-0-x", "index": 0, "attempt": 0, "ranks": 8, "completed": 3, "skipped": 1,
                            "failed": 0, "total": 10, "lastStepTime": "2026-12-01T12:00:00Z", "lastImageTime": None,
                            "sentAt": "2026-12-01T12:00:01+00:00", "final": False}
     doc.update(changes)
-    return {k: v for k, v in doc.items() if v != "<absent>"}
+    return json.dumps({k: v for k, v in doc.items() if v != "<absent>"}).encode()
 
 
 def test_parse_report_reads_the_contract() -> None:
-    r = parse_report(body(future="ignored"))
-    assert (r.pod, r.index, r.ranks, r.done, r.total, r.final) == ("cats-0-x", 0, 8, 4, 10, False)
+    r = ProgressReport.from_wire(body(future="ignored"))
+    assert (r.pod, r.index, r.ranks, r.items_done, r.total, r.final) == ("cats-0-x", 0, 8, 4, 10, False)
     assert r.progress_time == T0 and r.sent_at == T0 + timedelta(seconds=1)
     assert r.finished is False  # `done` is optional (older runtimes)
-    assert parse_report(body(done=True)).finished is True
+    assert ProgressReport.from_wire(body(done=True)).finished is True
 
 
 @pytest.mark.parametrize(
@@ -350,10 +351,10 @@ def test_parse_report_reads_the_contract() -> None:
 )
 def test_parse_report_names_the_bad_field(changes: dict[str, Any], error: str) -> None:
     with pytest.raises(ReportError) as e:
-        parse_report(body(**changes))
+        ProgressReport.from_wire(body(**changes))
     assert error in str(e.value)
 
 
 def test_parse_report_refuses_a_non_object() -> None:
     with pytest.raises(ReportError, match="must be a JSON object, not list"):
-        parse_report([1, 2])
+        ProgressReport.from_wire(b"[1, 2]")

@@ -11,9 +11,9 @@ from http import HTTPStatus
 from typing import Any
 
 import pytest
+from muralist_api.contract.progress import ProgressReport
 from muralist_operator.progress import http1
 from muralist_operator.progress.auth import Identity, Verdict
-from muralist_operator.progress.report import PodReport
 from muralist_operator.progress.server import ProgressServer, RefusalLog, client_context
 from muralist_operator.progress.tls import TlsMaterial, issue, new_ca, service_names
 
@@ -74,7 +74,7 @@ class Harness:
     def __init__(self, lookups_block: bool = True, limits: http1.Limits = http1.DEFAULT_LIMITS) -> None:
         self.active = True
         self.interval = 3
-        self.reports: list[tuple[str, str, PodReport]] = []
+        self.reports: list[tuple[str, str, ProgressReport]] = []
         self.fail_report = False
         self.conn: SniConnection  # set once the server listens
         self.server = ProgressServer(
@@ -84,7 +84,7 @@ class Harness:
             limits=limits,
         )
 
-    def on_report(self, namespace: str, job: str, report: PodReport) -> None:
+    def on_report(self, namespace: str, job: str, report: ProgressReport) -> None:
         if self.fail_report:
             raise RuntimeError("aggregator broke")
         self.reports.append((namespace, job, report))

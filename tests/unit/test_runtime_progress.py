@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from muralist_api import contract
 from muralist_api.contract import Counts
+from muralist_api.contract.progress import ProgressReport
 from muralist_runtime import progress
 from muralist_runtime.progress import PodReporter, Progress, RankFile, read_counts, target_from_env
 
@@ -32,8 +33,9 @@ class FakeOperator:
 
             def do_POST(self) -> None:
                 outer.connections.add(id(self.connection))
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.posts.append({"path": self.path, "auth": self.headers["Authorization"], "body": body})
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.posts.append({"path": self.path, "auth": self.headers["Authorization"], "body": json.loads(raw),
+                                    "raw": raw})
                 status, doc = outer.answer
                 data = json.dumps(doc).encode() if doc is not None else b""
                 self.send_response(status)
@@ -95,6 +97,34 @@ def test_the_pod_posts_its_ranks_summed_with_a_fresh_token_each_time(operator: F
         "total": 10}
     assert (first["final"], first["done"], last["final"], last["done"]) == (False, False, True, True)
     assert len(operator.connections) == 1, "one kept-alive connection"
+
+
+def test_what_the_runtime_posts_is_what_the_operator_reads(operator: FakeOperator, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    directory = tmp_path / "progress"
+    ranks = [Progress(rank=r, job_total=7, writes=True, local=False, rank_file=RankFile(directory, r))
+             for r in range(2)]
+    ranks[0].item_done("a", "completed", 0.1)
+    ranks[0].step_done()
+    ranks[1].item_done("b", "failed", 0.0)
+    for prog in ranks:
+        prog.finished()
+        prog.close()
+    reporter = PodReporter(target_from_env(pod_env(operator, token)), directory, interval=60)
+    sent = reporter.report(final=True)
+    reporter.send(final=True)
+    (post,) = operator.posts
+    read = ProgressReport.from_wire(post["raw"])  # the operator's parser, on the bytes that went over the wire
+    assert read == sent
+    assert (read.pod, read.index, read.attempt, read.ranks) == ("cats-1-abcde", 1, 2, 2)
+    assert (read.completed, read.skipped, read.failed, read.total) == (1, 0, 1, 7)
+    assert read.final and read.finished
+    assert read.last_step_time is not None and read.last_image_time is not None
+    # The wire's names and shapes are those older operators read: camelCase keys, times to the second in UTC.
+    assert list(post["body"]) == ["pod", "index", "attempt", "ranks", "completed", "skipped", "failed", "total",
+                                  "lastStepTime", "lastImageTime", "sentAt", "final", "done"]
+    assert post["body"]["sentAt"].endswith("Z") and len(post["body"]["sentAt"]) == len("2026-01-01T00:00:00Z")
 
 
 def test_the_operator_sets_the_interval_and_errors_never_raise(operator: FakeOperator, tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from muralist_api.cel import python_rule
+
 Problem = tuple[str, str]
 
 CP_FIELD = "spec.parallelism.contextParallel"
@@ -105,6 +107,10 @@ def known_layout(name: str, pipeline: str | None) -> ModelLayout | None:
     return MODEL_LAYOUTS.get(pipeline) if pipeline else None
 
 
+@python_rule(no_cel=(
+    "needs the rules catalog's model layouts (which pipeline has a CP / TP plan), which the CRD does not "
+    "carry"
+))
 def plan_problems(strategy: str, layout: ModelLayout | None) -> list[Problem]:
     """A CP/TP strategy on a pipeline known to have no plan for it."""
     if layout is None or strategy not in ("ContextParallel", "TensorParallel"):
@@ -121,6 +127,7 @@ def plan_problems(strategy: str, layout: ModelLayout | None) -> list[Problem]:
              f"({able})")]
 
 
+@python_rule(no_cel="reads the loaded model: the runtime checks it on the machine")
 def transformer_plan_problems(strategy: str, transformer_class: str, has_plan: bool) -> list[Problem]:
     """The same rule on a loaded model (any pipeline, known or not)."""
     if has_plan:
@@ -133,6 +140,7 @@ def transformer_plan_problems(strategy: str, transformer_class: str, has_plan: b
              "ContextParallel")]
 
 
+@python_rule(no_cel="reads the model's config (its attention heads): the runtime checks it on the machine")
 def heads_problems(heads: int | None, degree: int, field: str, model: str) -> list[Problem]:
     """Ulysses and tensor parallelism split the attention heads: the degree must divide them."""
     if heads is None or degree <= 1 or heads % degree == 0:
@@ -193,6 +201,7 @@ def _names(pick: Callable[[AttentionBackend], bool]) -> str:
     return ", ".join(b.name for b in ATTENTION_BACKENDS.values() if pick(b))
 
 
+@python_rule()
 def backend_problems(name: str, ring: int, gpu: bool) -> list[Problem]:
     """Can a context-parallel group use attention backend `name` here?"""
     field = f"{CP_FIELD}.attentionBackend"
@@ -225,6 +234,7 @@ def _divisor_hint(ppn: int, degree: int) -> str:
     return hint
 
 
+@python_rule()
 def context_parallel_problems(ring: int, ulysses: int, backend: str, ppn: int, gpu: bool,
                               nodes: int = 1) -> list[Problem]:
     """A ring x ulysses group: at least 2 ranks, inside one pod or over whole pods, on a backend
@@ -245,6 +255,7 @@ def context_parallel_problems(ring: int, ulysses: int, backend: str, ppn: int, g
     return problems + backend_problems(backend, ring, gpu)
 
 
+@python_rule()
 def tensor_parallel_problems(degree: int, ppn: int, gpu: bool) -> list[Problem]:
     problems: list[Problem] = []
     if ppn % degree:
@@ -266,6 +277,7 @@ CONFIGMAP_MAX_BYTES = 1_000_000
 RUNTIME_SPEC_RESERVE_BYTES = 8_192
 
 
+@python_rule(no_cel="measures the serialized spec, which CEL cannot")
 def spec_size_problems(spec_bytes: int, inline_prompts: int) -> list[Problem]:
     """The job's spec travels to the pods in one ConfigMap: it must fit, prompts included."""
     limit = CONFIGMAP_MAX_BYTES - RUNTIME_SPEC_RESERVE_BYTES

@@ -13,6 +13,7 @@ import re
 import reprlib
 from typing import TYPE_CHECKING, Any
 
+from muralist_api.cel import python_rule
 from muralist_api.rules import catalog, workloads
 from muralist_api.rules.catalog import DNS_LABEL_MAX, Problem
 from pydantic import ValidationError
@@ -103,6 +104,7 @@ def problems_from(error: ValidationError) -> list[str]:
     return out
 
 
+@python_rule()
 def name_problem(name: str, nodes: int) -> str | None:
     if not re.match(DNS_1035_LABEL_PATTERN, name):
         return (
@@ -163,6 +165,10 @@ def spec_problems(spec: DiffusionJobSpec) -> list[Problem]:
             *_layout_problems(spec), *_workload_problems(spec), *_size_problems(spec)]
 
 
+@python_rule(no_cel=(
+    "not in the CRD yet (CEL could say it; adding it changes the CRD): the operator refuses such a job "
+    "when it parses it"
+))
 def _source_problems(spec: DiffusionJobSpec) -> list[Problem]:
     if spec.dataset is not None:
         if spec.prompts or spec.prompts_from is not None:
@@ -187,6 +193,11 @@ def _input_uses(spec: DiffusionJobSpec) -> tuple[set[str], str]:
     return uses, "spec.prompts"
 
 
+@python_rule(no_cel=(
+    "needs the rules catalog's tables (model pipelines, inputs, schedulers, caches), which the CRD does "
+    "not carry (its fuseAdapters rule alone could be CEL, not in the CRD yet); the operator refuses such "
+    "a job when it parses it"
+))
 def _workload_problems(spec: DiffusionJobSpec) -> list[Problem]:
     """Inputs, videos, the scheduler, the cache and adapters against what the catalog knows."""
     gen, par = spec.generation, spec.parallelism
@@ -208,6 +219,7 @@ def _workload_problems(spec: DiffusionJobSpec) -> list[Problem]:
     return out
 
 
+@python_rule()
 def _strategy_section_problems(spec: DiffusionJobSpec) -> list[Problem]:
     """A strategy's own section (contextParallel, ...) only goes with that strategy."""
     par = spec.parallelism
@@ -224,6 +236,7 @@ def _strategy_section_problems(spec: DiffusionJobSpec) -> list[Problem]:
     return out
 
 
+@python_rule()
 def _process_problems(spec: DiffusionJobSpec) -> list[Problem]:
     par = spec.parallelism
     if par.strategy == "DeviceMap":
@@ -239,6 +252,7 @@ def _process_problems(spec: DiffusionJobSpec) -> list[Problem]:
     return []
 
 
+@python_rule()
 def _layout_problems(spec: DiffusionJobSpec) -> list[Problem]:
     """The CP / TP layout against the catalog (the runtime checks the same on the machine)."""
     from muralist_api.job import ContextParallelSpec, TensorParallelSpec
@@ -261,6 +275,7 @@ def _layout_problems(spec: DiffusionJobSpec) -> list[Problem]:
     return out + catalog.plan_problems(par.strategy, catalog.known_layout(spec.model.name, spec.model.pipeline))
 
 
+@python_rule(no_cel="measures the serialized spec, which CEL cannot; the operator refuses such a job when it parses it")
 def _size_problems(spec: DiffusionJobSpec) -> list[Problem]:
     size = len(spec.model_dump_json(by_alias=True, exclude_none=True).encode())
     return catalog.spec_size_problems(size, len(spec.prompts))

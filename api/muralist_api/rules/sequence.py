@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from muralist_api.cel import python_rule
 from muralist_api.rules.catalog import CP_FIELD, Problem, heads_problems
 
 # Pipelines that pack 2x2 latent patches into one token themselves (their transformer's
@@ -67,7 +68,7 @@ class SequenceLengths:
 
 def vae_scale_factor(vae_config: dict[str, Any]) -> int:
     """2 ** (len(block_out_channels) - 1), as diffusers' image pipelines compute it."""
-    return 2 ** (len(vae_config.get("block_out_channels", [0])) - 1)
+    return int(2 ** (len(vae_config.get("block_out_channels", [0])) - 1))
 
 
 def vae_scales(vae_config: dict[str, Any]) -> tuple[int, int]:
@@ -141,6 +142,7 @@ def _multiple_hint(degree: int, side: int) -> str:
     return f"use height and width multiples of {degree * side}"
 
 
+@python_rule(no_cel="reads the model's config and the sequence lengths it gives: the runtime checks it on the machine")
 def cp_problems(lengths: SequenceLengths, heads: int | None, ring: int, ulysses: int,
                 side: int = 1, allow_uneven: bool = True) -> Verdict:
     """Check a ring x ulysses layout against the lengths; `side` = pixels per token side.

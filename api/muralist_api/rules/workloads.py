@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from muralist_api.cel import python_rule
 from muralist_api.rules.catalog import Problem
 
 # -- video -------------------------------------------------------------------------------------
@@ -36,6 +37,10 @@ VIDEO_FORMATS = frozenset({"mp4", "webp", "gif"})
 IMAGE_FORMATS = frozenset({"png", "jpeg", "webp"})
 
 
+@python_rule(no_cel=(
+    "needs the rules catalog's pipelines (which render videos, their frame and size steps), which the CRD "
+    "does not carry"
+))
 def video_problems(pipeline: str | None, num_frames: int | None, height: int, width: int,
                    fmt: str) -> list[Problem]:
     """A known pipeline's output kind and a video family's frame and size rules."""
@@ -92,6 +97,7 @@ WITH_INPUTS = {
 }
 
 
+@python_rule(no_cel="needs the rules catalog's pipelines (which take images and masks), which the CRD does not carry")
 def input_problems(pipeline: str | None, uses: set[str], field_name: str) -> list[Problem]:
     """Items that carry `uses` ("image", "mask") on a pipeline known not to take them."""
     if pipeline is None or not uses:
@@ -123,6 +129,7 @@ SCHEDULERS = frozenset({
 })
 
 
+@python_rule(no_cel="needs the list of diffusers' schedulers, which the CRD does not carry")
 def scheduler_problems(name: str) -> list[Problem]:
     if name in SCHEDULERS:
         return []
@@ -167,6 +174,7 @@ CACHES: dict[str, CacheKind] = {
 }
 
 
+@python_rule(no_cel="needs the rules catalog's cache kinds and their options, which the CRD does not carry")
 def cache_problems(kind: str, options: dict[str, object], strategy: str) -> list[Problem]:
     cache = CACHES[kind]
     out: list[Problem] = []

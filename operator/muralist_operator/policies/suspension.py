@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from muralist_api.job import RunPolicy
+from muralist_api.pods import RunPolicy
 
 from muralist_operator.decision import Action, SetJobSuspend
 from muralist_operator.observe import JobView

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from muralist_api.job import RunPolicy
+from muralist_api.pods import RunPolicy
 from muralist_api.status import DiffusionJobStatus
 
 from muralist_operator.decision import parse_time

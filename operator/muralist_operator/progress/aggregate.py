@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from muralist_operator.progress.report import DEFAULT_POST_INTERVAL_SECONDS, PodReport
+from muralist_api.contract.progress import DEFAULT_POST_INTERVAL_SECONDS, ProgressReport
 
 JobKey = tuple[str, str]  # (namespace, name)
 
@@ -102,7 +102,7 @@ class JobProgress:
 
 @dataclass
 class _Slot:
-    report: PodReport
+    report: ProgressReport
     received: float
     floor: int = 0
     retired: set[str] = field(default_factory=set)
@@ -112,7 +112,7 @@ class _Slot:
 
     @property
     def done(self) -> int:
-        return max(self.floor, self.report.done)
+        return max(self.floor, self.report.items_done)
 
     def view(self) -> IndexProgress:
         if self._view is None:
@@ -143,12 +143,13 @@ class _Job:
         return done, failed, total
 
 
-def _merge(old: PodReport, new: PodReport) -> PodReport:
+def _merge(old: ProgressReport, new: ProgressReport) -> ProgressReport:
     """Cumulative counters never go down, so the field-wise max is right whatever order posts arrive in."""
     def later(a: datetime | None, b: datetime | None) -> datetime | None:
         return max(filter(None, (a, b)), default=None)
 
-    return PodReport(
+    # Both were validated when they arrived: the merge of valid reports is one, no need to check again.
+    return ProgressReport.model_construct(
         pod=new.pod, index=new.index, attempt=new.attempt, ranks=new.ranks,
         completed=max(old.completed, new.completed), skipped=max(old.skipped, new.skipped),
         failed=max(old.failed, new.failed), total=new.total,
@@ -159,7 +160,7 @@ def _merge(old: PodReport, new: PodReport) -> PodReport:
     )
 
 
-def _note_gap(state: _Job, old: PodReport, new: PodReport) -> None:
+def _note_gap(state: _Job, old: ProgressReport, new: ProgressReport) -> None:
     """The gap between a pod's last two signs of progress, when it moved on while working."""
     before, after = old.progress_time, new.progress_time
     if before is None or after is None or after <= before or old.finished:
@@ -198,7 +199,7 @@ class Aggregator:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def record(self, job: JobKey, report: PodReport, now: float | None = None) -> bool:
+    def record(self, job: JobKey, report: ProgressReport, now: float | None = None) -> bool:
         """Apply one pod's report; False when it was stale (an older attempt, a retired pod)."""
         now = self._clock() if now is None else now
         with self._lock:

@@ -29,14 +29,13 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-from muralist_api.contract import COMPLETION_INDEX_ANNOTATION
+from kubernetes.client.exceptions import ApiException
+from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, PROGRESS_AUDIENCE
 
 from muralist_operator.render import LABEL_JOB
 
 log = logging.getLogger("muralist.progress.auth")
 
-AUDIENCE = "muralist.dev"
 EXTRA_POD_NAME = "authentication.kubernetes.io/pod-name"
 EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
@@ -128,7 +127,7 @@ class TokenVerifier:
         self,
         authentication_api: Any,  # kubernetes.client.AuthenticationV1Api
         pods: PodLookup,
-        audience: str = AUDIENCE,
+        audience: str = PROGRESS_AUDIENCE,
         positive_ttl: float = POSITIVE_TTL_SECONDS,
         negative_ttl: float = NEGATIVE_TTL_SECONDS,
         max_entries: int = MAX_CACHE_ENTRIES,

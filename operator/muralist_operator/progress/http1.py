@@ -486,7 +486,7 @@ class HttpConnection(asyncio.Protocol):
         self._write(Reply(status, body, "application/json", close=True), keep_alive=False)
 
 
-class CoalescingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]  # an alias of the platform's
+class CoalescingSelector(selectors.DefaultSelector):
     """A selector whose `select` lingers `window` seconds once something is ready, then returns
     everything that became ready meanwhile (one wake-up for a burst)."""
 

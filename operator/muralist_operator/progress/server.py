@@ -7,8 +7,9 @@ connect), and TLS starts only once a client speaks (tls_accept). A post whose to
 is checked on the loop (memory only); a TokenReview (and a pod lookup that may block) runs on
 a small thread pool, and the loop goes on meanwhile.
 
-    POST /v1/namespaces/{namespace}/diffusionjobs/{job}/progress
-      204  accepted: keep posting at the default interval (report.DEFAULT_POST_INTERVAL_SECONDS)
+    POST /v1/namespaces/{namespace}/diffusionjobs/{job}/progress   (the progress wire:
+         muralist_api.contract.progress, its PROGRESS_PATH and its body, ProgressReport)
+      204  accepted: keep posting at the default interval (DEFAULT_POST_INTERVAL_SECONDS)
       200  accepted, {"intervalSeconds": N}: post every N seconds from now on (backpressure; N
            is a multiple of 0.5)
       400  malformed body: {"error": "..."} names the field
@@ -40,18 +41,23 @@ from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Any, Protocol
 
+from muralist_api.contract.progress import (
+    DEFAULT_POST_INTERVAL_SECONDS,
+    PROGRESS_PATH,
+    ProgressReport,
+    parse_progress_path,
+)
+
 from muralist_operator.progress import http1
 from muralist_operator.progress.auth import Identity, Verdict
-from muralist_operator.progress.report import DEFAULT_POST_INTERVAL_SECONDS, PodReport, ReportError, parse_report
 from muralist_operator.progress.tls import TlsMaterial, server_context
 
 log = logging.getLogger("muralist.progress.server")
 
-PATH = "/v1/namespaces/{namespace}/diffusionjobs/{job}/progress"
 MAX_BODY_BYTES = 16 * 1024
 REFUSAL_LOG_WINDOW_SECONDS = 60.0
 
-OnReport = Callable[[str, str, PodReport], None]
+OnReport = Callable[[str, str, ProgressReport], None]
 
 
 class Verifier(Protocol):
@@ -239,14 +245,12 @@ class ProgressServer:
             if self._is_active():
                 return http1.Reply(200, b"active\n", "text/plain")
             return http1.Reply(503, b"standby: another replica reconciles\n", "text/plain")
-        parts = request.path.split("/")
-        # ['', 'v1', 'namespaces', namespace, 'diffusionjobs', job, 'progress']
-        if (len(parts) != 7 or parts[1:3] != ["v1", "namespaces"] or parts[4] != "diffusionjobs"
-                or parts[6] != "progress" or not parts[3] or not parts[5]):
-            return _error(404, f"no such route: {request.path}; pods post to {PATH}")
+        target = parse_progress_path(request.path)
+        if target is None:
+            return _error(404, f"no such route: {request.path}; pods post to {PROGRESS_PATH}")
         if request.method != "POST":
             return _error(405, "use POST", (("Allow", "POST"),))
-        return self._progress(request, parts[3], parts[5])
+        return self._progress(request, *target)
 
     def _progress(self, request: http1.Request, namespace: str, job: str) -> http1.Reply | Awaitable[http1.Reply]:
         peer = request.peer
@@ -277,7 +281,7 @@ class ProgressServer:
         self._refusals.refused(503, namespace, job, f"cannot verify now: {e!r}", peer, exc_info=True)
         return self._counted(_error(503, f"cannot verify now: {type(e).__name__}", _RETRY))
 
-    def _answer(self, outcome: tuple[int, str, PodReport | None, float], namespace: str, job: str,
+    def _answer(self, outcome: tuple[int, str, ProgressReport | None, float], namespace: str, job: str,
                 peer: str) -> http1.Reply:
         status, message, report, interval = outcome
         if report is None:
@@ -313,7 +317,7 @@ class ProgressServer:
 
     def _check(
         self, token: str | None, namespace: str, job: str, content_type: str, body: bytes
-    ) -> tuple[int, str, PodReport | None, float]:
+    ) -> tuple[int, str, ProgressReport | None, float]:
         """On a worker thread (or the loop, see `lookups_block`): (status, message, the report when
         accepted, the interval to tell).
         401 before 404 before 400 before 403: nothing about jobs or the body is said to a caller
@@ -326,9 +330,9 @@ class ProgressServer:
         if content_type != "application/json":
             return 400, f"Content-Type must be application/json, not {content_type or 'none'}", None, 0
         try:
-            report = parse_report(json.loads(body))
-        except (ValueError, UnicodeDecodeError) as e:  # ReportError and JSONDecodeError are ValueErrors
-            return 400, str(e) if isinstance(e, ReportError) else f"the body is not JSON: {e}", None, 0
+            report = ProgressReport.from_wire(body)
+        except ValueError as e:  # ReportError: names the field (or says the body is not JSON)
+            return 400, str(e), None, 0
         verdict = self._verifier.authorize(verdict.identity, namespace, job, report.pod, report.index)
         if not verdict.ok:
             return verdict.status, verdict.reason, None, 0

@@ -45,11 +45,13 @@ class LeanTls(sslproto.SSLProtocol):
     def __init__(self, loop: asyncio.AbstractEventLoop, carried: Any, context: ssl.SSLContext,
                  handshake_timeout: float) -> None:
         # The shutdown's wait for the client's close_notify is bounded like the handshake.
-        super().__init__(loop, carried, context, None, server_side=True, ssl_handshake_timeout=handshake_timeout,
+        # typeshed has the waiter required and the timeouts whole seconds; CPython takes None and floats.
+        super().__init__(loop, carried, context, None,  # type: ignore[arg-type]
+                         server_side=True, ssl_handshake_timeout=handshake_timeout,  # type: ignore[arg-type]
                          ssl_shutdown_timeout=handshake_timeout)
         self._carried: Carried = carried
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def connection_lost(self, exc: BaseException | None) -> None:
         # asyncio tells the carried protocol only when its handshake had completed.
         super().connection_lost(exc)
         self._carried.forget()
