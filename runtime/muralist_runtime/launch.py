@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = proc.wait()
     if code == 0:
         return code
-    from .termination import permanent_verdict_line, termination_text
+    from .report.termination import permanent_verdict_line, termination_text
 
     text = termination_text()
     if not contract.is_permanent(code, text):

@@ -142,7 +142,7 @@ def runtime_spec(job: DiffusionJob, output: str | None, model: str | None, promp
 def check_inputs(runtime: RuntimeSpec) -> None:
     """The inline prompts' input images must be there before any weight loads (in pods, a
     missing one fails its item only: the volume may be filled while the job waits)."""
-    from .inputs import missing_inline_inputs
+    from .model.inputs import missing_inline_inputs
 
     problems = missing_inline_inputs(runtime)
     if problems:
@@ -169,7 +169,7 @@ def agent_commands(runtime: RuntimeSpec, spec_file: str, port: int, claims_port:
 def verdict(codes: list[int], termination: Path) -> int:
     """The run's exit code: 78 when the runtime said permanent, else the first failure's.
     A permanent verdict is printed here, once for all the agents (they leave it to us)."""
-    from .termination import permanent_verdict_line
+    from .report.termination import permanent_verdict_line
 
     try:
         message = termination.read_text()
@@ -199,7 +199,7 @@ class JobBar:
         return self
 
     def refresh(self) -> None:
-        from .progress import read_counts
+        from .report.progress import read_counts
 
         counts = read_counts(self.directories)
         if counts.total and counts.total != self.bar.total:

@@ -3,7 +3,7 @@
 Two scopes. The job: every process of every pod has a rank in it (pod index x processes per
 pod + local rank), and ranks are cut into groups of `group_size` consecutive ranks that render
 one image together (ContextParallel / TensorParallel; 1 for DataParallel and DeviceMap); the
-groups are data parallel and claim their work from the store (work.py). The torchrun world:
+groups are data parallel and claim their work from the store (work/chunks.py). The torchrun world:
 the pod alone, or the pods of a context-parallel group that spans pods (muralist_api/contract/__init__.py
 pod_world): its process group carries only that group's collectives, so a failed pod costs
 only its own world.
@@ -121,7 +121,7 @@ def check_layout(layout: Layout, parallelism: Parallelism) -> None:
 
 
 @dataclass
-class World:
+class DistributedWorld:
     """The layout plus the live process group and this process's device."""
 
     layout: Layout
@@ -198,7 +198,7 @@ def _group_process_group(layout: Layout) -> Any:
     return mine
 
 
-def setup_world(parallelism: Parallelism, group_size: int) -> World:
+def setup_world(parallelism: Parallelism, group_size: int) -> DistributedWorld:
     """Initialise torch.distributed from the launcher's environment and pick the device.
 
     nccl for GPU tensors; gloo too (the combined backend) because barriers, object
@@ -244,4 +244,4 @@ def setup_world(parallelism: Parallelism, group_size: int) -> World:
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
     group = _group_process_group(layout) if distributed and group_size > 1 else None
-    return World(layout=layout, device=device, backend=backend, distributed=distributed, group=group)
+    return DistributedWorld(layout=layout, device=device, backend=backend, distributed=distributed, group=group)

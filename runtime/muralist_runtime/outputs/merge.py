@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import shards, temps
-from .outputs import read_part
+from .layouts import read_part
 
 INDEX_COLUMNS = ("index", "id", "key", "prompt", "seed", "shard", "status", "seconds", "error")
 
@@ -27,7 +27,7 @@ def entries(root: Path, chunks: int) -> Iterator[dict[str, Any]]:
 
 def first_failed(root: Path, chunks: int) -> list[str]:
     """The first failed items in item order, described (item_failures.NAMED of them)."""
-    from .item_failures import NAMED, describe_item
+    from ..work.item_failures import NAMED, describe_item
 
     failed = (e for e in entries(root, chunks) if e.get("status") == "failed")
     return [describe_item(e.get("key", "?"), e.get("id"), e.get("error")) for e in islice(failed, NAMED)]

@@ -31,37 +31,38 @@ class ChunkRun:
 
 def chunk_stream(job: Any, state: Any) -> Any:
     """(chunk, sweeping) for this group, decided by its first rank and shared with the group."""
-    from . import knobs, work
+    from ..testing import faults
+    from ..work import chunks
 
     world = state.world
     layout = world.layout
     own = None
     if layout.writes_images:
-        if knobs.static_plan():
-            own = work.static_chunks(job.work, layout.group_index, layout.dp_degree)
+        if faults.static_plan():
+            own = chunks.static_chunks(job.work, layout.group_index, layout.dp_degree)
         else:
-            own = work.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
+            own = chunks.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
                                       _tally(job, state))
     while True:
         try:
             step = next(own, None) if own is not None else None
-        except work.NothingLeft:
+        except chunks.NothingLeft:
             # The rest of the group waits in the share below: it must end the same way, not see
             # its first rank leave in the middle of a collective.
-            world.share_in_group(work.NOTHING_LEFT)
+            world.share_in_group(chunks.NOTHING_LEFT)
             raise
         step = world.share_in_group(step)
         if step is None:
             return
-        if step == work.NOTHING_LEFT:
-            raise work.NothingLeft("the group's first rank found the job merged and its first pod gone")
+        if step == chunks.NOTHING_LEFT:
+            raise chunks.NothingLeft("the group's first rank found the job merged and its first pod gone")
         yield step
 
 
 def _finished(job: Any, chunk: int) -> bool:
     from pathlib import Path
 
-    from .outputs import part_path
+    from ..outputs.layouts import part_path
 
     return part_path(Path(job.runtime.output_dir), chunk).is_file()
 
@@ -71,17 +72,17 @@ def _failed_in(job: Any, chunk: int) -> int:
 
 
 def _part_counts(job: Any, chunk: int) -> tuple[int, int, list[str]]:
-    """A finished chunk's work.ChunkCounts, from its part file."""
+    """A finished chunk's chunks.ChunkCounts, from its part file."""
     from pathlib import Path
 
-    from .outputs import read_part
+    from ..outputs.layouts import read_part
 
     return _counts(read_part(Path(job.runtime.output_dir), chunk) or [])
 
 
 def _counts(entries: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
-    """Completed items, failed items, and the first failed ones described (work.ChunkCounts)."""
-    from .item_failures import NAMED, describe_item
+    """Completed items, failed items, and the first failed ones described (chunks.ChunkCounts)."""
+    from ..work.item_failures import NAMED, describe_item
 
     failed = [e for e in entries if e.get("status") == "failed"]
     return len(entries) - len(failed), len(failed), [describe_item(e.get("key", "?"), e.get("id"), e.get("error"))
@@ -89,13 +90,13 @@ def _counts(entries: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
 
 
 def _tally(job: Any, state: Any) -> Any:
-    from . import work
+    from ..work import chunks
 
-    return work.Tally(state.claims, lambda c: _part_counts(job, c))
+    return chunks.Tally(state.claims, lambda c: _part_counts(job, c))
 
 
 def generate(job: Any, pipe: Any, state: Any) -> None:
-    from . import writer as writermod
+    from ..outputs import writer as writermod
 
     layout = state.world.layout
     start = time.perf_counter()
@@ -113,7 +114,7 @@ def generate(job: Any, pipe: Any, state: Any) -> None:
 
 def _todo(job: Any, state: Any, chunk: int, sweeping: bool) -> tuple[list[Item], ChunkRun | None]:
     """The chunk's items left to render (shared by the group), and the writer's bookkeeping."""
-    from . import rows
+    from ..work import rows
 
     begin, end = job.work.bounds(chunk)
     run = None
@@ -131,8 +132,8 @@ def _todo(job: Any, state: Any, chunk: int, sweeping: bool) -> tuple[list[Item],
 
 
 def run_chunk(job: Any, pipe: Any, state: Any, chunk: int, sweeping: bool) -> int:
-    from . import knobs
-    from .outputs import failed_entry
+    from ..outputs.layouts import failed_entry
+    from ..testing import faults
 
     finished = state.world.share_in_group(
         _finished(job, chunk) and _failed_in(job, chunk) == 0 if state.layout is not None else None)
@@ -141,7 +142,7 @@ def run_chunk(job: Any, pipe: Any, state: Any, chunk: int, sweeping: bool) -> in
             _tally(job, state).count(chunk)
         return 0
     todo, run = _todo(job, state, chunk, sweeping)
-    test = knobs.TestKnobs.from_env()
+    test = faults.TestKnobs.from_env()
     rendered = 0
     for batch in _batches(todo, job.runtime.spec.generation.batch_size):
         if sweeping:  # a duplicate may have finished some meanwhile
@@ -174,13 +175,14 @@ Rendered = tuple[Item, Any, str | None, float]
 
 def render_items(job: Any, pipe: Any, state: Any, batch: list[Item]) -> list[Rendered]:
     """(item, image, None, seconds) per rendered item, (item, None, reason, 0) per failed one."""
-    from . import knobs, pipeline
+    from ..model import pipeline
+    from ..testing import faults
 
     if not batch:
         return []
     failed: list[Rendered] = [(i, None, i.error, 0.0) for i in batch if i.error]
     batch = [i for i in batch if not i.error]
-    slow = knobs.step_sleep(state.world.layout.rank)
+    slow = faults.step_sleep(state.world.layout.rank)
 
     def on_step() -> None:
         state.progress.step_done()
@@ -229,8 +231,8 @@ def _add_written(state: Any, run: ChunkRun, test: Any) -> None:
 
 
 def _end_chunk(job: Any, state: Any, run: ChunkRun, test: Any) -> None:
-    from . import item_failures
-    from .outputs import write_part
+    from ..outputs.layouts import write_part
+    from ..work import item_failures
 
     state.background.wait_idle()
     _add_written(state, run, test)

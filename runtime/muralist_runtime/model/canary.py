@@ -25,7 +25,7 @@ from muralist_api.contract import MURALIST_TEST_BREAK_CP, PermanentFailure
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
-from .world import World
+from ..world.distributed import DistributedWorld
 
 log = logging.getLogger("muralist.canary")
 
@@ -46,7 +46,7 @@ def _render(pipe: Any, runtime: RuntimeSpec, task: Item, seed_offset: int = 0) -
     return None if output is None else output.pixels()
 
 
-def reference(pipe: Any, runtime: RuntimeSpec, task: Item, world: World) -> Any:
+def reference(pipe: Any, runtime: RuntimeSpec, task: Item, world: DistributedWorld) -> Any:
     """The single-rank render (the group's first rank only; None elsewhere)."""
     if world.layout.group_rank != 0:
         return None
@@ -70,7 +70,7 @@ def verdict(ref: Any, got: Any, layout: str) -> str | None:
             f"layout {layout})")
 
 
-def check(pipe: Any, runtime: RuntimeSpec, task: Item, world: World, ref: Any,
+def check(pipe: Any, runtime: RuntimeSpec, task: Item, world: DistributedWorld, ref: Any,
           layout: str) -> None:
     """Render in the parallel layout (every rank), compare on first ranks, agree everywhere."""
     broken = os.environ.get(MURALIST_TEST_BREAK_CP) == "1" and world.layout.group_rank == 1

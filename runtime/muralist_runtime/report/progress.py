@@ -34,7 +34,7 @@ from typing import Any
 from muralist_api import contract
 from muralist_api.contract import PROGRESS_LINE_PREFIX, Counts
 
-from . import temps
+from ..outputs import temps
 
 log = logging.getLogger("muralist.progress")
 
@@ -300,7 +300,7 @@ class PodReporter:
 # -- the per-rank front end ------------------------------------------------------------------
 
 
-class Progress:
+class RankProgress:
     """What main.py talks to: counts, JSON lines and the rank file together."""
 
     def __init__(self, rank: int, job_total: int, writes: bool, local: bool, rank_file: RankFile | None = None):

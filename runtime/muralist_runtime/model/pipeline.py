@@ -222,16 +222,16 @@ def step_callback(pipe: Any, on_step: StepHook | None) -> dict[str, Any]:
 def render(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item],
            on_step: StepHook | None = None, steps: int | None = None,
            seed_offset: int = 0) -> list[Any]:
-    """Each item's outputs.Output, or None where it failed (the canary and the warm-up use this)."""
+    """Each item's layouts.RenderedOutput, or None where it failed (the canary and the warm-up use this)."""
     return [output for output, _ in render_checked(pipe, runtime, batch, on_step, steps, seed_offset)]
 
 
-Checked = tuple[Any, str | None]  # (outputs.Output, None), or (None, why the item failed)
+Checked = tuple[Any, str | None]  # (layouts.RenderedOutput, None), or (None, why the item failed)
 
 
 def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_step: StepHook | None = None,
                    steps: int | None = None, seed_offset: int = 0) -> list[Checked]:
-    """Render a batch: each item's (outputs.Output, None), or (None, why it cannot be used).
+    """Render a batch: each item's (layouts.RenderedOutput, None), or (None, why it cannot be used).
 
     An item fails on its own when its inputs cannot be read (inputs.InputError, naming the
     field and the path) or its output has NaN values. Items of different strengths, or with
@@ -282,9 +282,9 @@ def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequen
     import numpy as np
     import torch
 
-    from .knobs import nan_rows
-    from .media import frames_to_uint8
-    from .outputs import Output
+    from ..outputs.layouts import RenderedOutput
+    from ..outputs.media import frames_to_uint8
+    from ..testing.faults import nan_rows
 
     kwargs = call_kwargs(pipe, runtime, batch, steps, seed_offset, inputs)
     kwargs.update(step_callback(pipe, on_step))
@@ -296,7 +296,7 @@ def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequen
         result = pipe(**kwargs)
     arrays = result.frames if video else result.images
     if not as_numpy:
-        return [(Output(frames=frames_to_uint8(a)) if video else Output(image=a), None) for a in arrays]
+        return [(RenderedOutput(frames=frames_to_uint8(a)) if video else RenderedOutput(image=a), None) for a in arrays]
     poisoned = nan_rows()
     out: list[Checked] = []
     for item, array, given in zip(batch, arrays, inputs, strict=True):
@@ -305,9 +305,9 @@ def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequen
         if not np.isfinite(array).all():
             out.append((None, "the output has NaN or infinite values (the sampler diverged)"))
         elif video:
-            out.append((Output(frames=frames_to_uint8(array), inputs=given), None))
+            out.append((RenderedOutput(frames=frames_to_uint8(array), inputs=given), None))
         else:
-            out.append((Output(image=pipe.numpy_to_pil(array[None])[0], inputs=given), None))
+            out.append((RenderedOutput(image=pipe.numpy_to_pil(array[None])[0], inputs=given), None))
     return out
 
 
