@@ -29,13 +29,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from muralist_api import contract
+from muralist_api.runtime_spec import RuntimeSpec
+
+from .report.termination import permanent_verdict_line, termination_text
 
 
 def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The launcher argv and the PET_* environment of this pod's agent."""
     doc = json.loads(Path(spec_file).read_text())
-    from muralist_api.runtime_spec import RuntimeSpec
-
     runtime = RuntimeSpec.model_validate(doc)
     par = runtime.spec.parallelism
     index = int(env.get(contract.MURALIST_POD_INDEX, "0") or 0)
@@ -66,8 +67,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = proc.wait()
     if code == 0:
         return code
-    from .report.termination import permanent_verdict_line, termination_text
-
     text = termination_text()
     if not contract.is_permanent(code, text):
         return code

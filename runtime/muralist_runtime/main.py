@@ -35,8 +35,16 @@ from muralist_api.rules.problems import problems_from
 from muralist_api.runtime_spec import RuntimeSpec
 from pydantic import ValidationError
 
+from .model import canary, options, pipeline, staging, strategies
+from .outputs import layouts, merge, temps, writer
 from .outputs.temps import TempRemoved
+from .render import claim_loop
+from .report import progress
+from .report.progress import progress_dir, read_counts
+from .report.termination import termination_log_path, write_termination
+from .work import chunks, claims, item_failures, rows
 from .work.chunks import NothingLeft
+from .world import distributed
 
 log = logging.getLogger("muralist")
 
@@ -146,13 +154,9 @@ def _quiet_libraries() -> None:
 
 # 1. Check the spec.
 def check_spec(spec_path: str) -> Job:
-    from .model import pipeline, strategies
-    from .work import chunks, rows
-    from .world import distributed as worldmod
-
     runtime = read_spec(spec_path)
     spec = runtime.spec
-    gpu = worldmod.uses_gpu(spec.parallelism)
+    gpu = distributed.uses_gpu(spec.parallelism)
     if spec.parallelism.gpus_per_node > 0 and not gpu:
         log.warning("spec asks for %d GPUs per node but none is visible: running on CPU",
                     spec.parallelism.gpus_per_node)
@@ -172,15 +176,9 @@ def check_spec(spec_path: str) -> Job:
 
 # 2. Set up the world: the torchrun world, the claim store, progress.
 def set_up_world(job: Job, state: RunState) -> None:
-    from .outputs import layouts
-    from .outputs import writer as writermod
-    from .report import progress
-    from .work import chunks, claims
-    from .world import distributed as worldmod
-
-    state.world = worldmod.setup_world(job.runtime.spec.parallelism, job.plan.group_size)
+    state.world = distributed.setup_world(job.runtime.spec.parallelism, job.plan.group_size)
     layout = state.world.layout
-    state.jobfile = writermod.JobFile(job.runtime)
+    state.jobfile = writer.JobFile(job.runtime)
     # A folder resumed keeps its own chunks (its part files name them), whatever this world is.
     job.work = layouts.resumed_plan(job.runtime, job.work, state.jobfile.check_existing())
     state.jobfile.chunks = Chunks(job.work.start, job.work.chunk_rows)
@@ -221,8 +219,6 @@ def set_up_world(job: Job, state: RunState) -> None:
 # 3. Load the pipeline, check that the model supports the layout, apply the job's features
 # (adapters, scheduler, step cache), and parallelise it.
 def load(job: Job, state: RunState) -> Any:
-    from .model import canary, options, pipeline, staging
-
     spec, world, timings = job.runtime.spec, state.world, state.timings
     start = time.perf_counter()
     source, revision = job.source, job.revision
@@ -263,8 +259,6 @@ def compile_and_warm_up(pipe: Any, job: Job, state: RunState) -> None:
     accepted and ignored (inductor's CPU codegen needs a compiler toolchain the runtime image
     need not have, and CPU runs are tests and demos).
     """
-    from .model import pipeline
-
     if not job.gpu:
         log.warning("generation.compile: ignored on CPU (GPU only)")
         return
@@ -278,10 +272,8 @@ def compile_and_warm_up(pipe: Any, job: Job, state: RunState) -> None:
 
 # 4. Generate: claim chunks until none is left, render, write (render/claim_loop.py).
 def generate_all(job: Job, pipe: Any, state: RunState) -> None:
-    from .render.claim_loop import generate
-
     try:
-        generate(job, pipe, state)
+        claim_loop.generate(job, pipe, state)
     except TempRemoved as e:
         if not state.jobfile.merged():
             raise  # another pod's clean-up judged this writer dead: retried
@@ -292,8 +284,6 @@ def generate_all(job: Job, pipe: Any, state: RunState) -> None:
 # 5. Summarise: the first pod's first rank waits for every chunk, then merges; each pod's
 # first rank waits for its other ranks (a hung one fails the pod instead of holding it).
 def summarise(job: Job, state: RunState) -> None:
-    from .report import progress
-
     layout = state.world.layout
     state.progress.finished()
     if layout.hosts_store:
@@ -303,10 +293,6 @@ def summarise(job: Job, state: RunState) -> None:
 
 
 def merge_outputs(job: Job, state: RunState) -> None:
-    from .outputs import layouts, merge, temps
-    from .report import progress
-    from .work import chunks, item_failures
-
     layout = state.world.layout
     start = time.perf_counter()
     # A hung rank of this pod holds its chunk forever: fail the pod (retried) instead of waiting.
@@ -338,14 +324,10 @@ def merge_outputs(job: Job, state: RunState) -> None:
 def verdict_printed_by_launcher() -> bool:
     """Under the launch entry point a permanent verdict is printed once for the pod, from the
     termination message: a rank that printed it too would repeat it once per rank."""
-    from .report.termination import termination_log_path
-
     return os.environ.get(contract.MURALIST_LAUNCHED) == "1" and termination_log_path() is not None
 
 
 def run(spec_path: str) -> int:
-    from .report.termination import write_termination
-
     state = RunState()
     try:
         _quiet_libraries()
@@ -357,8 +339,6 @@ def run(spec_path: str) -> int:
         state.timings["peakMemoryMiB"] = peak_memory_mib()
         if state.world.layout.local_rank == 0:
             # The pod's counts (all its ranks are done: summarise waited for them), the job's total.
-            from .report.progress import progress_dir, read_counts
-
             write_termination(Termination(read_counts([progress_dir()]), timings=state.timings))
         return contract.EXIT_OK
     except NothingLeft as e:

@@ -26,6 +26,7 @@ from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
 from ..world.distributed import DistributedWorld
+from .pipeline import render
 
 log = logging.getLogger("muralist.canary")
 
@@ -39,8 +40,6 @@ MEAN_ABS_LEVELS = 0.5
 def _render(pipe: Any, runtime: RuntimeSpec, task: Item, seed_offset: int = 0) -> Any:
     """The 8-bit pixels of the task's image, or of all its video frames (int16), or None when
     the task itself fails (its input image is missing): then there is nothing to compare."""
-    from .pipeline import render
-
     steps = min(CANARY_STEPS, runtime.spec.generation.steps)
     output = render(pipe, runtime, [task], steps=steps, seed_offset=seed_offset)[0]
     return None if output is None else output.pixels()

@@ -20,9 +20,15 @@ from muralist_api import contract
 from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
 from muralist_api.rules.catalog import TINY_MODEL_NAMES
+from muralist_api.rules.workloads import IMAGE_FORMATS, VIDEO_FORMATS
 from muralist_api.runtime_spec import RuntimeSpec
 
+from ..outputs.layouts import RenderedOutput
+from ..outputs.media import frames_to_uint8
+from ..testing.faults import nan_rows
 from . import hub
+from .inputs import InputError, load_inputs
+from .tiny import build_tiny
 
 log = logging.getLogger("muralist.pipeline")
 
@@ -49,8 +55,6 @@ def resolve_model(runtime: RuntimeSpec) -> tuple[str, str | None]:
     if runtime.model_path:
         return runtime.model_path, None
     if model.name in TINY_MODEL_NAMES:
-        from .tiny import build_tiny
-
         return str(build_tiny(model.name, tiny_cache_dir(model.name))), None
     if model.name.startswith("/") and not Path(model.name).is_dir():
         raise PermanentFailure("spec.model.name", f"{model.name} is not a directory in the pod")
@@ -113,8 +117,6 @@ def check_call(pipe: Any, spec: Any) -> None:
 
     Admission checks the pipelines it knows by name; this checks the loaded one, whatever it is.
     """
-    from muralist_api.rules.workloads import IMAGE_FORMATS, VIDEO_FORMATS
-
     accepted = call_parameters(pipe)
     name = type(pipe).__name__
     dataset = spec.dataset is not None
@@ -237,8 +239,6 @@ def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_st
     field and the path) or its output has NaN values. Items of different strengths, or with
     and without inputs, go in separate calls (a pipeline takes one strength per call).
     """
-    from .inputs import InputError, load_inputs
-
     loaded: dict[str, dict[str, Any]] = {}
     results: dict[str, Checked] = {}
     needs = needs_image(pipe)
@@ -281,10 +281,6 @@ def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequen
     """
     import numpy as np
     import torch
-
-    from ..outputs.layouts import RenderedOutput
-    from ..outputs.media import frames_to_uint8
-    from ..testing.faults import nan_rows
 
     kwargs = call_kwargs(pipe, runtime, batch, steps, seed_offset, inputs)
     kwargs.update(step_callback(pipe, on_step))

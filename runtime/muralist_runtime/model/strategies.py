@@ -28,6 +28,7 @@ from muralist_api.rules import catalog
 from muralist_api.rules.catalog import CP_FIELD, TP_FIELD, Problem
 
 from ..world.distributed import DistributedWorld
+from .preflight import check_context_parallel
 
 log = logging.getLogger("muralist")
 
@@ -166,8 +167,6 @@ class ContextParallel:
     name: ClassVar[str] = Strategy.CONTEXT_PARALLEL.value
 
     def plan(self, spec: DiffusionJobSpec, source: str, revision: str | None, gpu: bool) -> Plan:
-        from .preflight import check_context_parallel
-
         par, gen = spec.parallelism, spec.generation
         cp = par.context_parallel or ContextParallelSpec()
         raise_first(catalog.context_parallel_problems(cp.ring_degree, cp.ulysses_degree, cp.attention_backend,

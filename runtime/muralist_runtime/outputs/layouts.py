@@ -35,6 +35,7 @@ from muralist_api.runtime_spec import RuntimeSpec
 
 from . import media, shards, temps
 from .gallery import GALLERY_DIR
+from .thumbnails import thumbnail_jpeg
 from .writer import atomic_write_bytes, atomic_write_text
 
 PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
@@ -260,8 +261,6 @@ class FilesLayout:
 
     def write(self, chunk: int, item: Item, output: RenderedOutput, seconds: float) -> dict[str, Any]:
         """On a writer thread: metadata first, then the gallery's stills, the output last, each atomically."""
-        from .thumbnails import thumbnail_jpeg
-
         meta = output_metadata(self.runtime, item, self.rank, seconds, output)
         meta["file"] = f"images/{item.key}.{self.ext}"
         stills: dict[str, Any] = {}

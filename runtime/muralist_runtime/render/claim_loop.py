@@ -12,9 +12,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from muralist_api.items import Item
+
+from ..model import pipeline
+from ..outputs import writer
+from ..outputs.layouts import failed_entry, part_path, read_part, write_part
+from ..testing import faults
+from ..work import chunks, item_failures, rows
+from ..work.item_failures import NAMED, describe_item
 
 log = logging.getLogger("muralist")
 
@@ -31,9 +39,6 @@ class ChunkRun:
 
 def chunk_stream(job: Any, state: Any) -> Any:
     """(chunk, sweeping) for this group, decided by its first rank and shared with the group."""
-    from ..testing import faults
-    from ..work import chunks
-
     world = state.world
     layout = world.layout
     own = None
@@ -60,10 +65,6 @@ def chunk_stream(job: Any, state: Any) -> Any:
 
 
 def _finished(job: Any, chunk: int) -> bool:
-    from pathlib import Path
-
-    from ..outputs.layouts import part_path
-
     return part_path(Path(job.runtime.output_dir), chunk).is_file()
 
 
@@ -73,35 +74,25 @@ def _failed_in(job: Any, chunk: int) -> int:
 
 def _part_counts(job: Any, chunk: int) -> tuple[int, int, list[str]]:
     """A finished chunk's chunks.ChunkCounts, from its part file."""
-    from pathlib import Path
-
-    from ..outputs.layouts import read_part
-
     return _counts(read_part(Path(job.runtime.output_dir), chunk) or [])
 
 
 def _counts(entries: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
     """Completed items, failed items, and the first failed ones described (chunks.ChunkCounts)."""
-    from ..work.item_failures import NAMED, describe_item
-
     failed = [e for e in entries if e.get("status") == "failed"]
     return len(entries) - len(failed), len(failed), [describe_item(e.get("key", "?"), e.get("id"), e.get("error"))
                                                      for e in failed[:NAMED]]
 
 
 def _tally(job: Any, state: Any) -> Any:
-    from ..work import chunks
-
     return chunks.Tally(state.claims, lambda c: _part_counts(job, c))
 
 
 def generate(job: Any, pipe: Any, state: Any) -> None:
-    from ..outputs import writer as writermod
-
     layout = state.world.layout
     start = time.perf_counter()
     if layout.writes_images:
-        state.background = writermod.BackgroundWriter(state.layout.write)
+        state.background = writer.BackgroundWriter(state.layout.write)
     rendered = 0
     for chunk, sweeping in chunk_stream(job, state):
         rendered += run_chunk(job, pipe, state, chunk, sweeping)
@@ -114,8 +105,6 @@ def generate(job: Any, pipe: Any, state: Any) -> None:
 
 def _todo(job: Any, state: Any, chunk: int, sweeping: bool) -> tuple[list[Item], ChunkRun | None]:
     """The chunk's items left to render (shared by the group), and the writer's bookkeeping."""
-    from ..work import rows
-
     begin, end = job.work.bounds(chunk)
     run = None
     todo: list[Item] | None = None
@@ -132,9 +121,6 @@ def _todo(job: Any, state: Any, chunk: int, sweeping: bool) -> tuple[list[Item],
 
 
 def run_chunk(job: Any, pipe: Any, state: Any, chunk: int, sweeping: bool) -> int:
-    from ..outputs.layouts import failed_entry
-    from ..testing import faults
-
     finished = state.world.share_in_group(
         _finished(job, chunk) and _failed_in(job, chunk) == 0 if state.layout is not None else None)
     if finished:  # done whole by an earlier attempt: count it, render nothing
@@ -175,9 +161,6 @@ Rendered = tuple[Item, Any, str | None, float]
 
 def render_items(job: Any, pipe: Any, state: Any, batch: list[Item]) -> list[Rendered]:
     """(item, image, None, seconds) per rendered item, (item, None, reason, 0) per failed one."""
-    from ..model import pipeline
-    from ..testing import faults
-
     if not batch:
         return []
     failed: list[Rendered] = [(i, None, i.error, 0.0) for i in batch if i.error]
@@ -231,9 +214,6 @@ def _add_written(state: Any, run: ChunkRun, test: Any) -> None:
 
 
 def _end_chunk(job: Any, state: Any, run: ChunkRun, test: Any) -> None:
-    from ..outputs.layouts import write_part
-    from ..work import item_failures
-
     state.background.wait_idle()
     _add_written(state, run, test)
     assert not run.order, f"chunk {run.chunk}: {len(run.order)} items written but not added"
