@@ -29,6 +29,7 @@ from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE, Counts, PermanentFailure, Termination
+from muralist_api.contract.env import PodEnv
 from muralist_api.contract.output_format import Chunks
 from muralist_api.items import Item
 from muralist_api.rules.problems import problems_from
@@ -211,7 +212,7 @@ def set_up_world(job: Job, state: RunState) -> None:
     target = progress.target_from_env()
     if target is not None and layout.local_rank == 0:
         state.reporter = progress.PodReporter(target, directory).start()
-    local = os.environ.get(contract.MURALIST_LOCAL) == "1"
+    local = PodEnv.from_environ().local
     state.progress = progress.RankProgress(layout.rank, job.work.total_items, layout.writes_images, local=local,
                                        rank_file=progress.RankFile(directory, layout.rank))
 
@@ -324,7 +325,7 @@ def merge_outputs(job: Job, state: RunState) -> None:
 def verdict_printed_by_launcher() -> bool:
     """Under the launch entry point a permanent verdict is printed once for the pod, from the
     termination message: a rank that printed it too would repeat it once per rank."""
-    return os.environ.get(contract.MURALIST_LAUNCHED) == "1" and termination_log_path() is not None
+    return PodEnv.from_environ().launched and termination_log_path() is not None
 
 
 def run(spec_path: str) -> int:

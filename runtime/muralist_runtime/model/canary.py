@@ -18,10 +18,10 @@ parallel canary render, so its share of the latents differs: a broken layout.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-from muralist_api.contract import MURALIST_TEST_BREAK_CP, PermanentFailure
+from muralist_api.contract import PermanentFailure
+from muralist_api.contract.env import PodEnv
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
@@ -72,7 +72,7 @@ def verdict(ref: Any, got: Any, layout: str) -> str | None:
 def check(pipe: Any, runtime: RuntimeSpec, task: Item, world: DistributedWorld, ref: Any,
           layout: str) -> None:
     """Render in the parallel layout (every rank), compare on first ranks, agree everywhere."""
-    broken = os.environ.get(MURALIST_TEST_BREAK_CP) == "1" and world.layout.group_rank == 1
+    broken = PodEnv.from_environ().faults.break_cp and world.layout.group_rank == 1
     got = _render(pipe, runtime, task, seed_offset=1 if broken else 0)
     mine = None
     if world.layout.group_rank == 0 and (ref is None or got is None):

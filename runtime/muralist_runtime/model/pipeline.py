@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from muralist_api import contract
 from muralist_api.contract import PermanentFailure
+from muralist_api.contract.env import PodEnv
 from muralist_api.items import Item
 from muralist_api.rules.catalog import TINY_MODEL_NAMES
 from muralist_api.rules.workloads import IMAGE_FORMATS, VIDEO_FORMATS
@@ -35,10 +35,10 @@ log = logging.getLogger("muralist.pipeline")
 
 def tiny_cache_dir(name: str) -> Path:
     """Where a built-in tiny model is built: MURALIST_CACHE, else under HF_HOME, else ~/.cache."""
-    base = os.environ.get(contract.MURALIST_CACHE)
+    env = PodEnv.from_environ()
+    base = env.cache_dir
     if base is None:
-        hf_home = os.environ.get("HF_HOME")
-        base = os.path.join(hf_home, "muralist") if hf_home else os.path.expanduser(
+        base = os.path.join(env.hf_home, "muralist") if env.hf_home else os.path.expanduser(
             "~/.cache/muralist/models")
     return Path(base) / name.replace("/", "--")
 

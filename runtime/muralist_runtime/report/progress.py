@@ -33,6 +33,7 @@ from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract import PROGRESS_LINE_PREFIX, Counts
+from muralist_api.contract.env import PodEnv
 
 from ..outputs import temps
 
@@ -71,8 +72,7 @@ class RankState:
 
 
 def progress_dir(env: dict[str, str] | None = None) -> Path:
-    env = dict(os.environ) if env is None else env
-    return Path(env.get(contract.MURALIST_PROGRESS_DIR) or DEFAULT_PROGRESS_DIR)
+    return Path(PodEnv.from_environ(env).progress_dir or DEFAULT_PROGRESS_DIR)
 
 
 class RankFile:
@@ -206,15 +206,12 @@ class Target:
 
 def target_from_env(env: dict[str, str] | None = None) -> Target | None:
     """The operator's progress endpoint, as the pod contract gives it; None outside a pod."""
-    env = dict(os.environ) if env is None else env
-    url = env.get(contract.MURALIST_PROGRESS_URL)
-    if not url:
+    pod = PodEnv.from_environ(env)
+    if not pod.progress_url:
         return None
-    return Target(url=url, token_file=env.get(contract.MURALIST_PROGRESS_TOKEN) or contract.PROGRESS_TOKEN_FILE,
-                  ca_file=env.get(contract.MURALIST_PROGRESS_CA) or None,
-                  pod=env.get(contract.MURALIST_POD_NAME) or os.uname().nodename,
-                  index=int(env.get(contract.MURALIST_POD_INDEX, "0") or 0),
-                  attempt=int(env.get(contract.MURALIST_ATTEMPT, "0") or 0))
+    return Target(url=pod.progress_url, token_file=pod.progress_token or contract.PROGRESS_TOKEN_FILE,
+                  ca_file=pod.progress_ca, pod=pod.pod_name or os.uname().nodename, index=pod.pod_index,
+                  attempt=pod.attempt)
 
 
 class PodReporter:

@@ -22,6 +22,7 @@ from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract import PermanentFailure
+from muralist_api.contract.env import LOCAL_RANK, RANK, WORLD_SIZE, PodEnv
 from muralist_api.job import Parallelism
 
 
@@ -91,17 +92,16 @@ class Layout:
         }
 
 
-def layout_from_env(group_size: int, nodes: int, env: os._Environ[str] | dict[str, str] | None = None) -> Layout:
-    env = os.environ if env is None else env
-    pg_size = int(env.get("WORLD_SIZE", "1"))
+def layout_from_env(group_size: int, nodes: int, env: PodEnv | None = None) -> Layout:
+    env = PodEnv.from_environ() if env is None else env
     return Layout(
-        pod_index=int(env.get(contract.MURALIST_POD_INDEX, "0") or 0),
-        local_rank=int(env.get("LOCAL_RANK", "0")),
-        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(pg_size))),
+        pod_index=env.pod_index,
+        local_rank=env.local_rank,
+        local_world_size=env.local_world_size,
         nodes=nodes,
         group_size=group_size,
-        pg_rank=int(env.get("RANK", "0")),
-        pg_size=pg_size,
+        pg_rank=env.rank,
+        pg_size=env.world_size,
     )
 
 
@@ -214,9 +214,9 @@ def setup_world(parallelism: Parallelism, group_size: int) -> DistributedWorld:
         from accelerate import PartialState
 
         state = PartialState(cpu=not gpu, timeout=timeout)
-        env = dict(os.environ)
-        env.update(RANK=str(state.process_index), WORLD_SIZE=str(state.num_processes),
-                   LOCAL_RANK=str(state.local_process_index))
+        # accelerate's own count of the processes, as torchrun would have set it.
+        env = PodEnv.from_environ({**os.environ, RANK: str(state.process_index), WORLD_SIZE: str(state.num_processes),
+                                   LOCAL_RANK: str(state.local_process_index)})
         layout = layout_from_env(group_size, parallelism.nodes, env)
         distributed = dist.is_available() and dist.is_initialized()
         backend = dist.get_backend() if distributed else "none"
