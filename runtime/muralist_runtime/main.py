@@ -23,15 +23,13 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from muralist_api import contract
-from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE, Counts, PermanentFailure, Termination
+from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE, PermanentFailure, Termination
 from muralist_api.contract.env import PodEnv
 from muralist_api.contract.output_format import Chunks
-from muralist_api.items import Item
 from muralist_api.rules.problems import problems_from
 from muralist_api.runtime_spec import RuntimeSpec
 from pydantic import ValidationError
@@ -40,6 +38,7 @@ from .model import canary, options, pipeline, staging, strategies
 from .outputs import layouts, merge, temps, writer
 from .outputs.temps import TempRemoved
 from .render import claim_loop
+from .render.state import Job, RunState
 from .report import progress
 from .report.progress import progress_dir, read_counts
 from .report.termination import termination_log_path, write_termination
@@ -67,25 +66,6 @@ def read_spec(path: str) -> RuntimeSpec:
         raise PermanentFailure(field_name, message) from None
 
 
-def batches(items: Sequence[Item], size: int) -> list[list[Item]]:
-    return [list(items[i : i + size]) for i in range(0, len(items), size)]
-
-
-@dataclass
-class Job:
-    """What step 1 learned: the spec, the strategy's plan, the rows and the work plan, the model."""
-
-    runtime: RuntimeSpec
-    strategy: Any  # strategies.ParallelStrategy
-    plan: Any  # strategies.Plan
-    rows: Any  # rows.Rows
-    work: Any  # chunks.WorkPlan
-    first: Item  # the canary's and the warm-up's item
-    source: str
-    revision: str | None
-    gpu: bool
-
-
 # How long a retried pod tries the store before it concludes that a merged job is over.
 STORE_PROBE_SECONDS = 15.0
 
@@ -99,43 +79,6 @@ def peak_memory_mib() -> float:
     except OSError:
         pass
     return 0.0
-
-
-@dataclass
-class RunState:
-    """What a run holds while it goes, so that a failure can still report and clean up."""
-
-    timings: dict[str, float] = field(default_factory=dict)
-    started: float = field(default_factory=time.perf_counter)
-    world: Any = None
-    jobfile: Any = None
-    layout: Any = None  # layouts.FilesLayout | WebDatasetLayout (writing ranks)
-    server: Any = None  # claims.ClaimServer (the first pod's first rank)
-    claims: Any = None  # claims.ClaimClient
-    reporter: Any = None  # progress.PodReporter (each pod's first rank)
-    progress: Any = None
-    background: Any = None
-
-    @property
-    def counts(self) -> Counts:
-        return self.progress.counts if self.progress is not None else Counts()
-
-    def finish_writes(self) -> None:
-        """On a failure: let queued items reach the disk, raising nothing."""
-        if self.background is not None:
-            self.background.close(raise_error=False)
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.close()
-        if self.reporter is not None:
-            self.reporter.close()  # the final counts reach the operator on failures too
-        if self.claims is not None:
-            self.claims.close()
-        if self.server is not None:
-            self.server.close()
-        if self.world is not None:
-            self.world.close()
 
 
 def _quiet_libraries() -> None:

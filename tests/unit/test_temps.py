@@ -13,6 +13,7 @@ import pytest
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import main
 from muralist_runtime.outputs import layouts, shards, temps, writer
+from muralist_runtime.render.state import RunState
 from muralist_runtime.work.chunks import NothingLeft
 
 # Every writer of the output tree, killed at its rename: the process dies there, so it cleans
@@ -165,7 +166,8 @@ def test_a_duplicate_overtaken_by_the_merge_ends_as_a_run_with_nothing_left(tmp_
         background.close()
 
     monkeypatch.setattr(claim_loop, "generate", overtaken)
-    state = main.RunState(jobfile=writer.JobFile(webdataset_runtime(tmp_path)))
+    state = RunState()
+    state.jobfile = writer.JobFile(webdataset_runtime(tmp_path))
     jobfile = state.jobfile.path
     jobfile.write_text(json.dumps({"name": "w"}))
     with pytest.raises(temps.TempRemoved):  # not merged: another pod's clean-up took it; retried

@@ -173,7 +173,7 @@ class Tally:
         """The first failed items counted in this store's life, described (at most NAMED)."""
         return [line for line in self.client.text("failures").splitlines() if line][:item_failures.NAMED]
 
-    def wait_all(self, chunks: int, on_wait: Callable[[int], None] | None = None, bound: float | None = None,
+    def wait_all(self, chunks: int, on_wait: Callable[[int], object] | None = None, bound: float | None = None,
                  holder: Callable[[int], str] = lambda group: f"group {group}",
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         """Until every chunk of the job is finished (the first pod's merge waits for the others);
