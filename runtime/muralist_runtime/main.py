@@ -1,13 +1,16 @@
 """The runtime's main path: `python -m muralist_runtime --spec FILE`, one process per rank.
 
-Pods run it under `torchrun -m muralist_runtime --spec ...` (or `accelerate launch -m ...`).
-`run` reads as the steps it takes, one function each: check the spec, set up the world, load
-the pipeline, plan the work, generate and write, summarise.
+In a pod, the launch entry point (`python -m muralist_runtime.launch --spec FILE`, the command
+the operator sets) starts the launcher agent, and the launcher (torchrun, or accelerate launch)
+starts this module once per rank.
+
+`run` reads as the steps it takes, one function each: check the spec and plan the work, set up
+the world, load the pipeline, generate and write, summarise.
 
 Exit codes (the pod contract): 0 done; PERMANENT_FAILURE_EXIT_CODE (78) when retrying cannot
 help; anything else (1) is retryable. torchrun replaces a worker's code with its own, so the
 verdict also goes to the termination message, where the operator and `muralist run` read it.
-Test-only failure injection: testing/faults.py and canary.py.
+Test-only failure injection: testing/faults.py.
 
 Timings: loadSeconds (staging, from_pretrained, placement, parallel setup), verifySeconds,
 compileSeconds (warm-up included) and generateSeconds go to the log, job.json and the

@@ -284,9 +284,6 @@ class FilesLayout:
     def end_chunk(self, chunk: int) -> None:
         return None
 
-    def abort_chunk(self, chunk: int) -> None:
-        return None
-
 
 class WebDatasetLayout:
     """shards/shard-<chunk>.tar: one shard per chunk, written by the rank that claimed it."""
@@ -343,11 +340,6 @@ class WebDatasetLayout:
 
     def end_chunk(self, chunk: int) -> None:
         self._open.pop(chunk).close()
-
-    def abort_chunk(self, chunk: int) -> None:
-        writer = self._open.pop(chunk, None)
-        if writer is not None:
-            writer.abort()
 
 
 def layout_for(runtime: RuntimeSpec, rank: int) -> FilesLayout | WebDatasetLayout:

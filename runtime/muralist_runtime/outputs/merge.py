@@ -19,8 +19,6 @@ from . import shards, temps
 from .gallery import write_gallery
 from .layouts import read_part
 
-INDEX_COLUMNS = ("index", "id", "key", "prompt", "seed", "shard", "status", "seconds", "error")
-
 
 def entries(root: Path, chunks: int) -> Iterator[dict[str, Any]]:
     for chunk in range(chunks):

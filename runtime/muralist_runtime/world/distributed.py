@@ -130,12 +130,6 @@ class DistributedWorld:
     distributed: bool
     group: Any = None  # this group's process group (None for groups of one)
 
-    def barrier(self) -> None:
-        if self.distributed:
-            import torch.distributed as dist
-
-            dist.barrier()
-
     def mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
         """A device mesh over this torchrun world; consecutive ranks share the last dimensions."""
         from torch.distributed.device_mesh import init_device_mesh
