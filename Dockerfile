@@ -73,7 +73,7 @@ RUN --mount=type=bind,target=/src,rw pip install /src/api "/src[runtime]"
 RUN mkdir -p "$HF_HOME" && chown 1000:1000 "$HF_HOME"
 USER 1000:1000
 WORKDIR /home/muralist
-# Pods run `torchrun -m muralist_runtime` (the operator sets the command); `docker run IMAGE run
+# Pods run `python -m muralist_runtime.launch --spec FILE` (the operator sets the command); `docker run IMAGE run
 # JOB.yaml` renders a job on one machine.
 ENTRYPOINT ["muralist"]
 CMD ["--help"]

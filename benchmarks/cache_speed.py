@@ -7,7 +7,7 @@ costs in quality (PSNR against the uncached images), on the compute-bound benchm
 
 The pipeline is runtime_throughput.py's (a Flux pipeline with a 36 M-parameter random-weight
 transformer, 256 x 256, 256 text tokens; built once into ~/.cache/muralist/bench). Everything
-runs in this one process through the runtime's own code: features.enable_cache (the
+runs in this one process through the runtime's own code: options.enable_cache (the
 generation.cache of a job) and pipeline.render_checked (the call every rank makes), with the
 same prompts and seeds for every setting. Rounds interleave the settings (none, A, B, ...,
 none, then again) so that drift in the machine's load hits them alike; each round's ratio is
@@ -158,7 +158,8 @@ def psnr(a: Any, b: Any) -> float:
 
 def render_all(pipe: Any, runtime: Any, counters: Counters) -> tuple[float, float, list[Any]]:
     """(wall seconds, CPU seconds of this process, the images' pixels) for the job's items."""
-    from muralist_runtime import pipeline, rows
+    from muralist_runtime.model import pipeline
+    from muralist_runtime.work import rows
 
     source = rows.open_rows(runtime)
     items = rows.items_of(source.rows(0, source.count()), runtime.spec.generation)
@@ -184,7 +185,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    from muralist_runtime import features, pipeline
+    from muralist_runtime.model import options, pipeline
 
     torch.set_num_threads(args.threads)
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -210,7 +211,7 @@ def main() -> int:
         for setting in order:
             runtime = runtime_spec(model, texts, args.steps, setting.kind, setting.options)
             if setting.kind:
-                features.apply_features(pipe, runtime)
+                options.apply_features(pipe, runtime)
             counters.reset()
             seconds, cpu, images = render_all(pipe, runtime, counters)
             if setting.kind:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cost of one claim and claims/s of one claim server (`muralist_runtime.claims`), on loopback.
+"""Cost of one claim and claims/s of one claim server (`muralist_runtime.work.claims`), on loopback.
 
     ~/.cache/muralist/venv/bin/python benchmarks/claim_store.py [--claims 5000] [--clients 1 2 4]
 
@@ -28,7 +28,7 @@ import time
 
 SERVER = """
 import sys, time
-from muralist_runtime.claims import ClaimServer
+from muralist_runtime.work.claims import ClaimServer
 server = ClaimServer(0, use_libuv={libuv})
 print(server.port, flush=True)
 if {spin}:
@@ -40,7 +40,7 @@ sys.stdin.read()
 CLIENT = """
 import datetime, json, sys, time
 import torch.distributed as dist
-from muralist_runtime.claims import ClaimClient
+from muralist_runtime.work.claims import ClaimClient
 port, n, run = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 client = ClaimClient("127.0.0.1", port, "bench")
 gate = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=60))
@@ -61,7 +61,7 @@ def start_server(libuv: bool, spin: bool) -> tuple[subprocess.Popen, int]:
 
 def latency_us(port: int, n: int) -> dict[str, float]:
     import torch.distributed as dist
-    from muralist_runtime.claims import ClaimClient
+    from muralist_runtime.work.claims import ClaimClient
 
     store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=30))
     direct = ClaimClient("127.0.0.1", port, "lat-direct", op_timeout_s=None)

@@ -261,16 +261,16 @@ def peak_rss_kb() -> int:
 def plan_child(spec_file: str) -> None:
     """What a rank does with the rows, alone and timed: check_spec's part (open the source and
     count it, make the work plan, read the first row of the range) and then every chunk's rows
-    as generate.py reads them. Prints a JSON line: seconds and VmHWM growth."""
+    as render/claim_loop.py reads them. Prints a JSON line: seconds and VmHWM growth."""
     import pyarrow.parquet  # noqa: F401 - a rank has it loaded before it plans; not part of the cost
     from muralist_api.runtime_spec import RuntimeSpec
-    from muralist_runtime import rows, work
+    from muralist_runtime.work import chunks, rows
 
     runtime = RuntimeSpec.model_validate_json(Path(spec_file).read_text())
     base = peak_rss_kb()
     t0 = time.perf_counter()
     source = rows.open_rows(runtime)
-    plan = work.make_plan(runtime.spec, source.count(), source.start)
+    plan = chunks.make_plan(runtime.spec, source.count(), source.start)
     first = rows.items_of(source.rows(source.start, source.start + 1), runtime.spec.generation)[0]
     t_plan = time.perf_counter() - t0
     n = 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Memory and latency of `muralist_runtime.sources.RowSource` on a 1,000,000-row data set.
+"""Memory and latency of `muralist_runtime.work.sources.RowSource` on a 1,000,000-row data set.
 
     ~/.cache/muralist/venv/bin/python benchmarks/dataset_scale.py [--rows 1000000] [--chunk 1000]
 
@@ -59,7 +59,7 @@ def peak_rss_kb() -> int:
 def child(path: str, begin: int, end: int) -> None:
     """One case, in its own process; prints a JSON line of measurements."""
     import pyarrow.parquet  # noqa: F401 - imported before the baseline, like a rank that has it loaded
-    from muralist_runtime.sources import Columns, RowSource
+    from muralist_runtime.work.sources import Columns, RowSource
 
     base_kb = peak_rss_kb()
     t0 = time.perf_counter()

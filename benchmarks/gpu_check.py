@@ -322,7 +322,7 @@ def build_vae(config: dict[str, Any], latent_channels: int) -> Any:
 def build_pipeline(ctx: Context, transformer: Any, text_tokens: int, vae_config: dict[str, Any]) -> Any:
     """A FluxPipeline around `transformer`, with tiny stand-ins of the right widths (no download)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
-    from muralist_runtime.tiny import MAX_TOKENS, word_level_tokenizer
+    from muralist_runtime.model.tiny import MAX_TOKENS, word_level_tokenizer
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     torch = ctx.torch
@@ -372,7 +372,7 @@ def runtime_spec(ctx: Context, steps: int, side: int, text_tokens: int, batch_si
 
 def job_items(runtime: Any, count: int) -> list[Any]:
     """The job's first `count` items, made the way a rank makes them (rows, then items)."""
-    from muralist_runtime import rows
+    from muralist_runtime.work import rows
 
     source = rows.open_rows(runtime)
     return rows.items_of(source.rows(source.start, source.start + count), runtime.spec.generation)
@@ -380,14 +380,14 @@ def job_items(runtime: Any, count: int) -> list[Any]:
 
 def rank_step_callback(ctx: Context, total: int) -> Callable[[], None]:
     """What a rank passes as on_step: its Progress heartbeat, with a rank file."""
-    from muralist_runtime import progress
+    from muralist_runtime.report import progress
 
-    prog = progress.Progress(0, total, True, local=True, rank_file=progress.RankFile(ctx.work / "progress", 0))
+    prog = progress.RankProgress(0, total, True, local=True, rank_file=progress.RankFile(ctx.work / "progress", 0))
     return prog.step_done
 
 
 def pil_arrays(images: list[Any]) -> list[Any]:
-    """float64 pixels of PIL images (a plain pipeline call) or outputs.Output (render_checked)."""
+    """float64 pixels of PIL images (a plain pipeline call) or layouts.RenderedOutput (render_checked)."""
     import numpy as np
 
     return [None if im is None else np.asarray(im.pixels() if hasattr(im, "pixels") else im, dtype=np.float64)
@@ -477,7 +477,7 @@ def check_build(ctx: Context, emit: Emit) -> None:
 
 def check_render_path(ctx: Context, emit: Emit) -> None:
     """Runtime render_checked vs a plain pipeline call vs a bare forward loop: seconds per step."""
-    from muralist_runtime import pipeline
+    from muralist_runtime.model import pipeline
 
     s = ctx.sizes
     pipe = ctx.big()
@@ -619,7 +619,7 @@ def cache_config(pipe: Any, cache: str, steps: int) -> tuple[Any, str]:
 def check_cache(ctx: Context, emit: Emit) -> None:
     """Each step cache vs uncached: call time ratio and PSNR of the image."""
     from muralist_api.rules.workloads import CACHES
-    from muralist_runtime import pipeline
+    from muralist_runtime.model import pipeline
 
     s = ctx.sizes
     pipe = ctx.big()
@@ -659,7 +659,7 @@ def check_cache(ctx: Context, emit: Emit) -> None:
 
 def check_batching(ctx: Context, emit: Emit) -> None:
     """Images/s of render_checked on the small Flux at each batch size."""
-    from muralist_runtime import pipeline
+    from muralist_runtime.model import pipeline
 
     s = ctx.sizes
     pipe = ctx.small()
@@ -694,7 +694,7 @@ def check_vae_tiling(ctx: Context, emit: Emit) -> None:
     """A large decode with and without pipeline.enable_vae_tiling: peak GPU memory, time, PSNR."""
     from types import SimpleNamespace
 
-    from muralist_runtime import pipeline
+    from muralist_runtime.model import pipeline
 
     s = ctx.sizes
     torch = ctx.torch
@@ -864,7 +864,7 @@ def check_muralist_run(ctx: Context, emit: Emit) -> None:
 
 def check_compile(ctx: Context, emit: Emit) -> None:
     """Regional compile (pipeline.compile_transformer), then the runtime's warm-up: time; step time on vs off."""
-    from muralist_runtime import pipeline
+    from muralist_runtime.model import pipeline
 
     s = ctx.sizes
     if s.dry:

@@ -47,7 +47,7 @@ VENV_BIN = Path(sys.executable).parent
 DEFAULT_CACHE = Path(os.environ.get("MURALIST_CACHE", Path.home() / ".cache/muralist")) / "bench"
 MODEL_NAME = "flux-36m-v1"  # bump when the architecture below changes
 
-# The tiny pipeline (runtime/muralist_runtime/tiny.py) scaled up: inner width 8 x 64 = 512,
+# The tiny pipeline (runtime/muralist_runtime/model/tiny.py) scaled up: inner width 8 x 64 = 512,
 # 2 double + 4 single blocks ~ 36 M parameters; head dim 64 = sum(axes_dims_rope).
 TRANSFORMER_CONFIG = {
     "patch_size": 1,
@@ -84,7 +84,7 @@ def build_model(directory: Path) -> Path:
         FluxPipeline,
         FluxTransformer2DModel,
     )
-    from muralist_runtime.tiny import MAX_TOKENS, word_level_tokenizer  # offline WordLevel tokenizers
+    from muralist_runtime.model.tiny import MAX_TOKENS, word_level_tokenizer  # offline WordLevel tokenizers
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     tokenizer, vocab = word_level_tokenizer(MAX_TOKENS)

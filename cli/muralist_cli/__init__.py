@@ -44,7 +44,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _tiny_pipeline(args: argparse.Namespace) -> int:
-    from muralist_runtime.tiny import build_tiny_pipeline
+    from muralist_runtime.model.tiny import build_tiny_pipeline
 
     path = build_tiny_pipeline(args.directory)
     print(path)

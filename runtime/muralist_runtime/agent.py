@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from muralist_api import contract
 
-from .termination import termination_text
+from .report.termination import termination_text
 
 # Where torchrun logs a failed worker ("failed (exitcode: 78) local_rank: 0 ...") and its
 # closing of the others: the elastic agent's loggers, all under this name.

@@ -29,19 +29,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from muralist_api import contract
+from muralist_api.contract.env import PodEnv
+from muralist_api.runtime_spec import RuntimeSpec
+
+from .report.termination import permanent_verdict_line, termination_text
 
 
 def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The launcher argv and the PET_* environment of this pod's agent."""
     doc = json.loads(Path(spec_file).read_text())
-    from muralist_api.runtime_spec import RuntimeSpec
-
     runtime = RuntimeSpec.model_validate(doc)
     par = runtime.spec.parallelism
-    index = int(env.get(contract.MURALIST_POD_INDEX, "0") or 0)
-    port = int(env.get(contract.MURALIST_RENDEZVOUS_PORT) or contract.MASTER_PORT)
-    world, rdzv = contract.pod_world(runtime.name, index, par.resolved_processes_per_node, par.gpus_per_node,
-                                     par.group_size, port=port, host=env.get(contract.MURALIST_RENDEZVOUS_HOST) or None)
+    pod = PodEnv.from_environ(env)
+    world, rdzv = contract.pod_world(runtime.name, pod.pod_index, par.resolved_processes_per_node, par.gpus_per_node,
+                                     par.group_size, port=pod.rendezvous_port or contract.MASTER_PORT,
+                                     host=pod.rendezvous_host)
     # What the pod already carries (rendered by the operator, or set by `muralist run`) wins.
     pet = {**contract.torchrun_env(world, rdzv), **{k: v for k, v in env.items() if k.startswith("PET_")}}
     rdzv = contract.Rendezvous(pet[contract.PET_NODE_RANK], pet[contract.PET_MASTER_ADDR],
@@ -66,13 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = proc.wait()
     if code == 0:
         return code
-    from .termination import permanent_verdict_line, termination_text
-
     text = termination_text()
     if not contract.is_permanent(code, text):
         return code
     line = permanent_verdict_line(text)
-    if line is not None and os.environ.get(contract.MURALIST_LOCAL) != "1":
+    if line is not None and not PodEnv.from_environ().local:
         print(line, file=sys.stderr, flush=True)
     return contract.PERMANENT_FAILURE_EXIT_CODE
 

@@ -29,6 +29,10 @@ from muralist_api.manifests import ManifestFile, Reader
 from muralist_api.rules.problems import ValidationProblem
 from muralist_api.runtime_spec import RuntimeSpec
 
+from .model.inputs import missing_inline_inputs
+from .report.progress import read_counts
+from .report.termination import permanent_verdict_line
+
 BAR_SECONDS = 0.5
 
 
@@ -142,8 +146,6 @@ def runtime_spec(job: DiffusionJob, output: str | None, model: str | None, promp
 def check_inputs(runtime: RuntimeSpec) -> None:
     """The inline prompts' input images must be there before any weight loads (in pods, a
     missing one fails its item only: the volume may be filled while the job waits)."""
-    from .inputs import missing_inline_inputs
-
     problems = missing_inline_inputs(runtime)
     if problems:
         raise ValidationProblem(problems)
@@ -169,8 +171,6 @@ def agent_commands(runtime: RuntimeSpec, spec_file: str, port: int, claims_port:
 def verdict(codes: list[int], termination: Path) -> int:
     """The run's exit code: 78 when the runtime said permanent, else the first failure's.
     A permanent verdict is printed here, once for all the agents (they leave it to us)."""
-    from .termination import permanent_verdict_line
-
     try:
         message = termination.read_text()
     except OSError:
@@ -199,8 +199,6 @@ class JobBar:
         return self
 
     def refresh(self) -> None:
-        from .progress import read_counts
-
         counts = read_counts(self.directories)
         if counts.total and counts.total != self.bar.total:
             self.bar.total = counts.total

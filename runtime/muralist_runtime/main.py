@@ -1,13 +1,16 @@
 """The runtime's main path: `python -m muralist_runtime --spec FILE`, one process per rank.
 
-Pods run it under `torchrun -m muralist_runtime --spec ...` (or `accelerate launch -m ...`).
-`run` reads as the steps it takes, one function each: check the spec, set up the world, load
-the pipeline, plan the work, generate and write, summarise.
+In a pod, the launch entry point (`python -m muralist_runtime.launch --spec FILE`, the command
+the operator sets) starts the launcher agent, and the launcher (torchrun, or accelerate launch)
+starts this module once per rank.
+
+`run` reads as the steps it takes, one function each: check the spec and plan the work, set up
+the world, load the pipeline, generate and write, summarise.
 
 Exit codes (the pod contract): 0 done; PERMANENT_FAILURE_EXIT_CODE (78) when retrying cannot
 help; anything else (1) is retryable. torchrun replaces a worker's code with its own, so the
 verdict also goes to the termination message, where the operator and `muralist run` read it.
-Test-only failure injection: knobs.py and canary.py.
+Test-only failure injection: testing/faults.py.
 
 Timings: loadSeconds (staging, from_pretrained, placement, parallel setup), verifySeconds,
 compileSeconds (warm-up included) and generateSeconds go to the log, job.json and the
@@ -23,20 +26,28 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from muralist_api import contract
-from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE, Counts, PermanentFailure, Termination
+from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE, PermanentFailure, Termination
+from muralist_api.contract.env import PodEnv
 from muralist_api.contract.output_format import Chunks
-from muralist_api.items import Item
 from muralist_api.rules.problems import problems_from
 from muralist_api.runtime_spec import RuntimeSpec
 from pydantic import ValidationError
 
-from .temps import TempRemoved
-from .work import NothingLeft
+from .model import canary, options, pipeline, staging, strategies
+from .outputs import layouts, merge, temps, writer
+from .outputs.temps import TempRemoved
+from .render import claim_loop
+from .render.state import Job, RunState
+from .report import progress
+from .report.progress import progress_dir, read_counts
+from .report.termination import termination_log_path, write_termination
+from .work import chunks, claims, item_failures, rows
+from .work.chunks import NothingLeft
+from .world import distributed
 
 log = logging.getLogger("muralist")
 
@@ -58,25 +69,6 @@ def read_spec(path: str) -> RuntimeSpec:
         raise PermanentFailure(field_name, message) from None
 
 
-def batches(items: Sequence[Item], size: int) -> list[list[Item]]:
-    return [list(items[i : i + size]) for i in range(0, len(items), size)]
-
-
-@dataclass
-class Job:
-    """What step 1 learned: the spec, the strategy's plan, the rows and the work plan, the model."""
-
-    runtime: RuntimeSpec
-    strategy: Any  # strategies.ParallelStrategy
-    plan: Any  # strategies.Plan
-    rows: Any  # rows.Rows
-    work: Any  # work.WorkPlan
-    first: Item  # the canary's and the warm-up's item
-    source: str
-    revision: str | None
-    gpu: bool
-
-
 # How long a retried pod tries the store before it concludes that a merged job is over.
 STORE_PROBE_SECONDS = 15.0
 
@@ -90,43 +82,6 @@ def peak_memory_mib() -> float:
     except OSError:
         pass
     return 0.0
-
-
-@dataclass
-class RunState:
-    """What a run holds while it goes, so that a failure can still report and clean up."""
-
-    timings: dict[str, float] = field(default_factory=dict)
-    started: float = field(default_factory=time.perf_counter)
-    world: Any = None
-    jobfile: Any = None
-    layout: Any = None  # outputs.FilesLayout | WebDatasetLayout (writing ranks)
-    server: Any = None  # claims.ClaimServer (the first pod's first rank)
-    claims: Any = None  # claims.ClaimClient
-    reporter: Any = None  # progress.PodReporter (each pod's first rank)
-    progress: Any = None
-    background: Any = None
-
-    @property
-    def counts(self) -> Counts:
-        return self.progress.counts if self.progress is not None else Counts()
-
-    def finish_writes(self) -> None:
-        """On a failure: let queued items reach the disk, raising nothing."""
-        if self.background is not None:
-            self.background.close(raise_error=False)
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.close()
-        if self.reporter is not None:
-            self.reporter.close()  # the final counts reach the operator on failures too
-        if self.claims is not None:
-            self.claims.close()
-        if self.server is not None:
-            self.server.close()
-        if self.world is not None:
-            self.world.close()
 
 
 def _quiet_libraries() -> None:
@@ -146,18 +101,15 @@ def _quiet_libraries() -> None:
 
 # 1. Check the spec.
 def check_spec(spec_path: str) -> Job:
-    from . import pipeline, rows, strategies, work
-    from . import world as worldmod
-
     runtime = read_spec(spec_path)
     spec = runtime.spec
-    gpu = worldmod.uses_gpu(spec.parallelism)
+    gpu = distributed.uses_gpu(spec.parallelism)
     if spec.parallelism.gpus_per_node > 0 and not gpu:
         log.warning("spec asks for %d GPUs per node but none is visible: running on CPU",
                     spec.parallelism.gpus_per_node)
     strategy = strategies.get_strategy(spec.parallelism.strategy)
     source_rows = rows.open_rows(runtime)
-    plan_of_work = work.make_plan(spec, source_rows.count(), source_rows.start)
+    plan_of_work = chunks.make_plan(spec, source_rows.count(), source_rows.start)
     if plan_of_work.rows == 0:
         raise PermanentFailure("spec.dataset", "no rows to render (check start and end)")
     first = rows.items_of(rows.peek(runtime), spec.generation)[0]
@@ -171,24 +123,20 @@ def check_spec(spec_path: str) -> Job:
 
 # 2. Set up the world: the torchrun world, the claim store, progress.
 def set_up_world(job: Job, state: RunState) -> None:
-    from . import claims, outputs, progress, work
-    from . import world as worldmod
-    from . import writer as writermod
-
-    state.world = worldmod.setup_world(job.runtime.spec.parallelism, job.plan.group_size)
+    state.world = distributed.setup_world(job.runtime.spec.parallelism, job.plan.group_size)
     layout = state.world.layout
-    state.jobfile = writermod.JobFile(job.runtime)
+    state.jobfile = writer.JobFile(job.runtime)
     # A folder resumed keeps its own chunks (its part files name them), whatever this world is.
-    job.work = outputs.resumed_plan(job.runtime, job.work, state.jobfile.check_existing())
+    job.work = layouts.resumed_plan(job.runtime, job.work, state.jobfile.check_existing())
     state.jobfile.chunks = Chunks(job.work.start, job.work.chunk_rows)
-    host, port = work.claims_address()
+    host, port = chunks.claims_address()
     if layout.hosts_store:
         state.server = claims.ClaimServer(port)
         state.jobfile.write(layout.describe())
     jobfile = state.jobfile
     gone = f"the job was merged in {jobfile.root} and its first pod is gone"
     if not layout.hosts_store and jobfile.merged():
-        probe = claims.ClaimClient(host, port, work.NAMESPACE)
+        probe = claims.ClaimClient(host, port, chunks.NAMESPACE)
         if not probe.reachable(STORE_PROBE_SECONDS):
             # This pod was retried after the first pod merged the job and left: nothing is left.
             raise NothingLeft(gone)
@@ -200,9 +148,9 @@ def set_up_world(job: Job, state: RunState) -> None:
             raise NothingLeft(gone)
 
     if layout.writes_images or layout.hosts_store:
-        state.claims = claims.ClaimClient(host, port, work.NAMESPACE, on_outage=merged_meanwhile)
+        state.claims = claims.ClaimClient(host, port, chunks.NAMESPACE, on_outage=merged_meanwhile)
     if layout.writes_images:
-        state.layout = outputs.layout_for(job.runtime, layout.rank)
+        state.layout = layouts.layout_for(job.runtime, layout.rank)
         state.layout.prepare()
     # Heartbeats start now: loading a large model takes minutes, and a silent pod would look
     # stalled to the operator.
@@ -210,29 +158,27 @@ def set_up_world(job: Job, state: RunState) -> None:
     target = progress.target_from_env()
     if target is not None and layout.local_rank == 0:
         state.reporter = progress.PodReporter(target, directory).start()
-    local = os.environ.get(contract.MURALIST_LOCAL) == "1"
-    state.progress = progress.Progress(layout.rank, job.work.total_items, layout.writes_images, local=local,
+    local = PodEnv.from_environ().local
+    state.progress = progress.RankProgress(layout.rank, job.work.total_items, layout.writes_images, local=local,
                                        rank_file=progress.RankFile(directory, layout.rank))
 
 
 # 3. Load the pipeline, check that the model supports the layout, apply the job's features
 # (adapters, scheduler, step cache), and parallelise it.
 def load(job: Job, state: RunState) -> Any:
-    from . import canary, features, pipeline, stage
-
     spec, world, timings = job.runtime.spec, state.world, state.timings
     start = time.perf_counter()
     source, revision = job.source, job.revision
     loading = spec.model.loading
     if loading is not None and loading.stage:
-        staged, _ = stage.stage_model(source, revision, world.layout.local_rank)
+        staged, _ = staging.stage_model(source, revision, world.layout.local_rank)
         source, revision = str(staged), None
     pipe = pipeline.load_pipeline(job.runtime, source, revision, **job.plan.load_kwargs)
     job.strategy.check_model(pipe, job.plan)
     pipeline.check_call(pipe, spec)
     pipe = job.strategy.place(pipe, job.plan, world)
-    # Before the canary's reference and enable_parallelism (features.py says why).
-    features.apply_features(pipe, job.runtime)
+    # Before the canary's reference and enable_parallelism (options.py says why).
+    options.apply_features(pipe, job.runtime)
     if spec.generation.vae_tiling and not pipeline.enable_vae_tiling(pipe):
         log.warning("generation.vaeTiling: this pipeline's VAE cannot tile; decoding whole")
     verify = spec.parallelism.verify and world.layout.group_size > 1
@@ -260,8 +206,6 @@ def compile_and_warm_up(pipe: Any, job: Job, state: RunState) -> None:
     accepted and ignored (inductor's CPU codegen needs a compiler toolchain the runtime image
     need not have, and CPU runs are tests and demos).
     """
-    from . import pipeline
-
     if not job.gpu:
         log.warning("generation.compile: ignored on CPU (GPU only)")
         return
@@ -273,12 +217,10 @@ def compile_and_warm_up(pipe: Any, job: Job, state: RunState) -> None:
     log.info("compiled %s and warmed up in %.1fs", what, state.timings["compileSeconds"])
 
 
-# 4. Generate: claim chunks until none is left, render, write (generate.py).
+# 4. Generate: claim chunks until none is left, render, write (render/claim_loop.py).
 def generate_all(job: Job, pipe: Any, state: RunState) -> None:
-    from .generate import generate
-
     try:
-        generate(job, pipe, state)
+        claim_loop.generate(job, pipe, state)
     except TempRemoved as e:
         if not state.jobfile.merged():
             raise  # another pod's clean-up judged this writer dead: retried
@@ -289,8 +231,6 @@ def generate_all(job: Job, pipe: Any, state: RunState) -> None:
 # 5. Summarise: the first pod's first rank waits for every chunk, then merges; each pod's
 # first rank waits for its other ranks (a hung one fails the pod instead of holding it).
 def summarise(job: Job, state: RunState) -> None:
-    from . import progress
-
     layout = state.world.layout
     state.progress.finished()
     if layout.hosts_store:
@@ -300,17 +240,15 @@ def summarise(job: Job, state: RunState) -> None:
 
 
 def merge_outputs(job: Job, state: RunState) -> None:
-    from . import item_failures, merge, outputs, progress, temps, work
-
     layout = state.world.layout
     start = time.perf_counter()
     # A hung rank of this pod holds its chunk forever: fail the pod (retried) instead of waiting.
     # Another pod's is the operator's to retry (its stall timeout); should no chunk finish for
     # the bound all the same, this pod fails and its retry claims the missing chunks itself.
     timeout = job.runtime.spec.parallelism.collective_timeout_seconds
-    work.Tally(state.claims).wait_all(
+    chunks.Tally(state.claims).wait_all(
         job.work.chunks, lambda _done: progress.pending_ranks(progress.progress_dir(), timeout),
-        bound=work.merge_wait_bound(job.work, timeout, state.progress.slowest_item_seconds),
+        bound=chunks.merge_wait_bound(job.work, timeout, state.progress.slowest_item_seconds),
         holder=lambda group: f"pod {group * layout.group_size // layout.local_world_size}")
     state.timings["waitSeconds"] = time.perf_counter() - start
     spec = job.runtime.spec
@@ -321,7 +259,7 @@ def merge_outputs(job: Job, state: RunState) -> None:
                          caption)
     state.jobfile.write(layout.describe(), state.timings, {"items": counts})
     # Merged: no temp of the tree is needed any more (a killed writer's, a slow duplicate's).
-    if removed := temps.remove_all_in(outputs.tree(state.jobfile.root)):
+    if removed := temps.remove_all_in(layouts.tree(state.jobfile.root)):
         log.info("removed %d temp files left by killed or duplicate writers", len(removed))
     log.info("%s of %d items in %s", counts, job.work.total_items, state.jobfile.root)
     failed = counts.get("failed", 0)
@@ -333,14 +271,10 @@ def merge_outputs(job: Job, state: RunState) -> None:
 def verdict_printed_by_launcher() -> bool:
     """Under the launch entry point a permanent verdict is printed once for the pod, from the
     termination message: a rank that printed it too would repeat it once per rank."""
-    from .termination import termination_log_path
-
-    return os.environ.get(contract.MURALIST_LAUNCHED) == "1" and termination_log_path() is not None
+    return PodEnv.from_environ().launched and termination_log_path() is not None
 
 
 def run(spec_path: str) -> int:
-    from .termination import write_termination
-
     state = RunState()
     try:
         _quiet_libraries()
@@ -352,8 +286,6 @@ def run(spec_path: str) -> int:
         state.timings["peakMemoryMiB"] = peak_memory_mib()
         if state.world.layout.local_rank == 0:
             # The pod's counts (all its ranks are done: summarise waited for them), the job's total.
-            from .progress import progress_dir, read_counts
-
             write_termination(Termination(read_counts([progress_dir()]), timings=state.timings))
         return contract.EXIT_OK
     except NothingLeft as e:

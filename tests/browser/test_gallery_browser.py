@@ -2,7 +2,7 @@
 
 A small but real output folder: PNGs (one with a quote, a '#' and a '%' in its name), an input
 image and mask, a failed item, an H.264 mp4 with its poster, an animated WebP and GIF made by
-muralist_runtime.media, and an item kept in a WebDataset shard; two items a page, so four pages.
+muralist_runtime.outputs.media, and an item kept in a WebDataset shard; two items a page, so four pages.
 The unit tests check the HTML; these check what only a browser can: that every URL resolves
 (served, and opened from disk), that the mp4 decodes, that the script-filled totals appear.
 """
@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
-from muralist_runtime import media
-from muralist_runtime.gallery import write_gallery
+from muralist_runtime.outputs import media
+from muralist_runtime.outputs.gallery import write_gallery
 from PIL import Image, ImageDraw
 
 from tests.browser_plugin import StaticServer, require_selenium, serve

@@ -81,7 +81,7 @@ class Run:
     def pixels(self, key: str, ext: str = "png") -> Any:
         """An output's pixels as int16: an image (H, W, 3), or a video's decoded frames (T, H, W, 3)."""
         import numpy as np
-        from muralist_runtime import media
+        from muralist_runtime.outputs import media
         from PIL import Image
 
         path = self.output / "images" / f"{key}.{ext}"
@@ -122,8 +122,8 @@ def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def build_tiny_in_cache(name: str, runtime_env: dict[str, str]) -> Path:
     """Build a tiny model once, where `name` resolves in spawned processes (MURALIST_CACHE)."""
-    from muralist_runtime.pipeline import tiny_cache_dir
-    from muralist_runtime.tiny import build_tiny
+    from muralist_runtime.model.pipeline import tiny_cache_dir
+    from muralist_runtime.model.tiny import build_tiny
 
     old = os.environ.get(contract.MURALIST_CACHE)
     os.environ[contract.MURALIST_CACHE] = runtime_env[contract.MURALIST_CACHE]
@@ -157,7 +157,7 @@ def tiny_wan_i2v(runtime_env: dict[str, str]) -> Path:
 @pytest.fixture(scope="session")
 def tiny_lora(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
     """A random LoRA for the tiny Flux (a folder with pytorch_lora_weights.safetensors)."""
-    from muralist_runtime.tiny import build_tiny_lora
+    from muralist_runtime.model.tiny import build_tiny_lora
 
     return build_tiny_lora(tiny_model, tmp_path_factory.mktemp("lora") / "tiny-lora")
 
@@ -182,15 +182,16 @@ def inputs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def render_in_process(job: dict[str, Any], model: Path, inputs: Path | None = None) -> dict[str, Any]:
     """The job's outputs rendered by the runtime's own functions in this process, one thread,
-    no torchrun: {key: outputs.Output or the reason it failed}. What 'one process' renders."""
+    no torchrun: {key: layouts.RenderedOutput or the reason it failed}. What 'one process' renders."""
     import torch
-    from muralist_runtime import features, pipeline, rows
+    from muralist_runtime.model import options, pipeline
+    from muralist_runtime.work import rows
 
     torch.set_num_threads(1)  # like every spawned rank (OMP_NUM_THREADS=1)
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused",
                                           "inputsDir": str(inputs) if inputs else None})
     pipe = pipeline.load_pipeline(runtime, str(model), None)
-    features.apply_features(pipe, runtime)
+    options.apply_features(pipe, runtime)
     source = rows.open_rows(runtime)
     items = rows.items_of(source.rows(0, source.count()), runtime.spec.generation)
     out = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from muralist_api import contract
-from muralist_runtime import shards
+from muralist_runtime.outputs import shards
 
 from .conftest import Run, make_job, runtime_spec_json, torchrun
 

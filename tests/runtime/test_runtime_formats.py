@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from muralist_api import contract
-from muralist_runtime import shards
+from muralist_runtime.outputs import shards
 
 from tests.runtime.conftest import Run, free_port, runtime_spec_json
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.torchrun
 def test_step_callback_fires_once_per_step(tiny_model: Path) -> None:
     from muralist_api.items import row_items
     from muralist_api.runtime_spec import RuntimeSpec
-    from muralist_runtime import pipeline
+    from muralist_runtime.model import pipeline
 
     job = make_job().obj()
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused"})

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from muralist_runtime.tiny import LORA_WEIGHT_NAME, TINY_BUILDERS, build_tiny, build_tiny_lora
+from muralist_runtime.model.tiny import LORA_WEIGHT_NAME, TINY_BUILDERS, build_tiny, build_tiny_lora
 
 WAN_NAMES = ["muralist/tiny-wan", "muralist/tiny-wan-i2v"]
 VIDEO = {"height": 32, "width": 32, "num_frames": 9, "num_inference_steps": 2, "max_sequence_length": 16}

@@ -189,7 +189,8 @@ def test_a_batch_is_split_into_calls_that_render_each_item_as_alone(name: str, t
                                                                     monkeypatch) -> None:
     # A pipeline call takes one strength, and images for all its prompts or for none.
     from muralist_api.runtime_spec import RuntimeSpec
-    from muralist_runtime import pipeline, rows
+    from muralist_runtime.model import pipeline
+    from muralist_runtime.work import rows
 
     job = make_job().prompts(*MIXED_BATCHES[name]).generation(batchSize=4).obj()
     job["model"]["pipeline"] = name

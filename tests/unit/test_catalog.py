@@ -107,7 +107,7 @@ LAYOUTS = [
 @pytest.mark.parametrize(("ring", "ulysses", "backend", "gpus"), LAYOUTS)
 def test_admission_and_runtime_reach_the_same_verdict(tmp_path, ring: int, ulysses: int, backend: str,
                                                       gpus: int) -> None:
-    from muralist_runtime.strategies import get_strategy
+    from muralist_runtime.model.strategies import get_strategy
 
     processes = gpus or 2
     builder = make_job().context_parallel(ring=ring, ulysses=ulysses, backend=backend).world(gpus=gpus,

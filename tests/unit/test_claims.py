@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from muralist_runtime.claims import ClaimClient, ClaimServer, ClaimStoreUnavailable
+from muralist_runtime.work.claims import ClaimClient, ClaimServer, ClaimStoreUnavailable
 
 pytest.importorskip("torch.distributed")
 
@@ -94,7 +94,7 @@ def test_a_client_in_another_process_shares_the_counter() -> None:
     n = 2000
     with ClaimServer(0) as server:
         # The other process says when it has its first chunk (torch takes seconds to import).
-        code = (f"import json; from muralist_runtime.claims import ClaimClient; c = ClaimClient({HOST!r}, "
+        code = (f"import json; from muralist_runtime.work.claims import ClaimClient; c = ClaimClient({HOST!r}, "
                 f"{server.port}, 'procs'); got = [c.next_chunk()]; print(flush=True)\n"
                 f"while (k := c.next_chunk()) < {n}: got.append(k)\nprint(json.dumps(got))")
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=ENV, text=True)
@@ -117,7 +117,7 @@ def test_namespaces_are_separate_counters() -> None:
 
 
 def test_a_killed_server_restarted_on_its_port_is_claimed_from_zero(caplog: pytest.LogCaptureFixture) -> None:
-    code = ("import sys; from muralist_runtime.claims import ClaimServer; s = ClaimServer(0)\n"
+    code = ("import sys; from muralist_runtime.work.claims import ClaimServer; s = ClaimServer(0)\n"
             "print(s.port, flush=True); sys.stdin.read()")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=ENV,
                             text=True)
@@ -197,7 +197,7 @@ def test_a_bounded_client_gives_up_with_a_useful_error() -> None:
 def test_by_default_an_outage_ends_in_a_failure_that_names_the_store() -> None:
     # A store that never comes back: the default client waits OUTAGE_SECONDS (on a clock that
     # each back-off moves on by 5 minutes), then fails, instead of waiting for good.
-    from muralist_runtime.claims import OUTAGE_SECONDS
+    from muralist_runtime.work.claims import OUTAGE_SECONDS
 
     class Forever(Exception):
         pass

@@ -13,9 +13,9 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from muralist_runtime import gallery as gallerymod
-from muralist_runtime import gallery_cards, temps
-from muralist_runtime.gallery import write_gallery
+from muralist_runtime.outputs import gallery as gallerymod
+from muralist_runtime.outputs import gallery_cards, temps
+from muralist_runtime.outputs.gallery import write_gallery
 
 
 class Parsed(HTMLParser):

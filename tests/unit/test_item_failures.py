@@ -1,14 +1,14 @@
 """When failed items fail the job (item_failures): the rules as tables, and the store's counters
-that feed them across pods (work.Tally)."""
+that feed them across pods (chunks.Tally)."""
 
 from __future__ import annotations
 
 import pytest
 from muralist_api.pods import RunPolicy
-from muralist_runtime import work
-from muralist_runtime.item_failures import (
+from muralist_runtime.work import chunks
+from muralist_runtime.work.item_failures import (
+    FailureVerdict,
     JobTally,
-    Verdict,
     chunk_verdict,
     describe_item,
     failure,
@@ -37,42 +37,42 @@ def test_systematic_failure_is_no_item_completed_in_the_first_chunks(chunks: int
 @pytest.mark.parametrize(("policy", "total", "tally", "expected"), [
     # The default, 1%: a small job fails on its first failed item, a large one tolerates a few.
     ({}, 40, JobTally(1, 2, 1),
-     Verdict(LIMIT, "1 items failed, more than the 0 allowed (1% of 40 items, the default)")),
+     FailureVerdict(LIMIT, "1 items failed, more than the 0 allowed (1% of 40 items, the default)")),
     ({}, 99, JobTally(4, 50, 1),
-     Verdict(LIMIT, "1 items failed, more than the 0 allowed (1% of 99 items, the default)")),
+     FailureVerdict(LIMIT, "1 items failed, more than the 0 allowed (1% of 99 items, the default)")),
     ({}, 100, JobTally(4, 50, 1), None),
     ({}, 1_000_000, JobTally(900, 20_000, 10_000), None),
     ({}, 1_000_000, JobTally(900, 20_000, 10_001),
-     Verdict(LIMIT, "10001 items failed, more than the 10000 allowed (1% of 1000000 items, the default)")),
-    ({"maxFailedItems": 0}, 1000, JobTally(1, 31, 1), Verdict(LIMIT, "1 items failed, more than the 0 allowed")),
+     FailureVerdict(LIMIT, "10001 items failed, more than the 10000 allowed (1% of 1000000 items, the default)")),
+    ({"maxFailedItems": 0}, 1000, JobTally(1, 31, 1), FailureVerdict(LIMIT, "1 items failed, more than the 0 allowed")),
     ({"maxFailedItems": 5}, 1000, JobTally(9, 200, 5), None),
     ({"maxFailedItems": "2.5%"}, 1000, JobTally(9, 200, 26),
-     Verdict(LIMIT, "26 items failed, more than the 25 allowed (2.5% of 1000 items)")),
+     FailureVerdict(LIMIT, "26 items failed, more than the 25 allowed (2.5% of 1000 items)")),
     ({"maxFailedItems": None}, 40, JobTally(1, 2, 1),  # null is the default, as the API server has it
-     Verdict(LIMIT, "1 items failed, more than the 0 allowed (1% of 40 items, the default)")),
+     FailureVerdict(LIMIT, "1 items failed, more than the 0 allowed (1% of 40 items, the default)")),
     # Systematic, whatever the limit (and named so: raising the limit would not help).
     ({"maxFailedItems": "100%"}, 10_000, JobTally(3, 0, 96),
-     Verdict("items", "no item completed: the first 3 chunks (96 items) all failed, a systematic failure that the "
-             "rest would share")),
+     FailureVerdict("items", "no item completed: the first 3 chunks (96 items) all failed, a systematic failure "
+                    "that the rest would share")),
     ({}, 40, JobTally(4, 0, 12),
-     Verdict("items", "no item completed: the first 4 chunks (12 items) all failed, a systematic failure that the "
-             "rest would share")),
+     FailureVerdict("items", "no item completed: the first 4 chunks (12 items) all failed, a systematic failure "
+                    "that the rest would share")),
     ({"maxFailedItems": "100%"}, 10_000, JobTally(2, 0, 64), None),
     ({"maxFailedItems": "100%"}, 8, JobTally(8, 0, 8), None),  # too small to tell: the merge's rule
 ])
 def test_a_chunk_end_fails_the_job_on_too_many_or_systematic_failures(policy: dict, total: int, tally: JobTally,
-                                                                      expected: Verdict | None) -> None:
+                                                                      expected: FailureVerdict | None) -> None:
     assert chunk_verdict(tally, RunPolicy.model_validate(policy), total) == expected
 
 
 @pytest.mark.parametrize(("completed", "failed", "expected"), [
-    (0, 8, Verdict("items", "every item failed (8), none completed")),
+    (0, 8, FailureVerdict("items", "every item failed (8), none completed")),
     (1, 7, None),
     (8, 0, None),
     (0, 0, None),  # nothing to render (refused before, at the spec's check)
 ])
 def test_a_job_is_never_succeeded_with_every_item_failed(completed: int, failed: int,
-                                                          expected: Verdict | None) -> None:
+                                                          expected: FailureVerdict | None) -> None:
     assert merge_verdict(completed, failed) == expected
 
 
@@ -84,20 +84,20 @@ def test_the_failure_names_the_first_items_with_their_reasons() -> None:
     assert lines[:2] == ["00000-000 (sku-0): column 'text': missing",
                          "00001-000: the output has NaN or infinite values"]
     assert len(lines[2]) < 220 and lines[2].endswith("...")
-    e = failure(Verdict("items", "every item failed (4), none completed"), lines)
+    e = failure(FailureVerdict("items", "every item failed (4), none completed"), lines)
     assert e.field == "items"
     assert str(e) == (f"items: every item failed (4), none completed; first failed: {lines[0]}; {lines[1]}; "
                       f"{lines[2]}")
-    assert str(failure(Verdict("items", "x"), [])).endswith("first failed: -")
+    assert str(failure(FailureVerdict("items", "x"), [])).endswith("first failed: -")
 
 
 def test_no_item_completed_is_read_once_the_chunk_is_counted() -> None:
     """Two pods end chunks at once: pod B's chunk, with completed items, is counted between pod
     A's count of its completed items (none) and of its chunk. A must not call it systematic."""
-    from muralist_runtime.claims import ClaimClient, ClaimServer
+    from muralist_runtime.work.claims import ClaimClient, ClaimServer
 
-    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, work.NAMESPACE) as store:
-        pod_b = work.Tally(store)
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) as store:
+        pod_b = chunks.Tally(store)
         for chunk in range(2):
             pod_b.finished(10 + chunk, 0, 4)
 
@@ -113,6 +113,6 @@ def test_no_item_completed_is_read_once_the_chunk_is_counted() -> None:
             def append(self, name: str, text: str) -> None:
                 store.append(name, text)
 
-        seen = work.Tally(Interleaved()).finished(0, 0, 4)  # type: ignore[arg-type]
+        seen = chunks.Tally(Interleaved()).finished(0, 0, 4)  # type: ignore[arg-type]
     assert seen == JobTally(chunks=4, completed=4, failed=12)
     assert chunk_verdict(seen, RunPolicy(max_failed_items="100%"), 1000) is None

@@ -119,7 +119,7 @@ def test_the_first_failed_items_reach_status_message_from_the_termination_messag
     from muralist_api.contract import Termination as Report
     from muralist_api.pods import RunPolicy
     from muralist_operator.observe import pod_view
-    from muralist_runtime import item_failures
+    from muralist_runtime.work import item_failures
 
     nan = "the output has NaN or infinite values (the sampler diverged)"
     verdict = item_failures.chunk_verdict(item_failures.JobTally(4, 0, 12), RunPolicy(), 40)

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from muralist_runtime import media
+from muralist_runtime.outputs import media
 from PIL import Image
 
 FPS = 8

@@ -16,9 +16,10 @@ import yaml
 from muralist_api.contract import PermanentFailure
 from muralist_api.contract.output_format import OUTPUT_FORMAT, Chunks, FormatError, infer_chunk_rows, read_entry
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime import outputs, work
-from muralist_runtime.rows import inline_rows, items_of
-from muralist_runtime.writer import JobFile
+from muralist_runtime.outputs import layouts
+from muralist_runtime.outputs.writer import JobFile
+from muralist_runtime.work import chunks
+from muralist_runtime.work.rows import inline_rows, items_of
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
 
@@ -33,14 +34,14 @@ def fixture(name: str, tmp_path: Path, job: str = "files", **output: object) -> 
     return RuntimeSpec.model_validate({"name": "formats", "spec": spec, "outputDir": str(out)})
 
 
-def plan_of(runtime: RuntimeSpec) -> work.WorkPlan:
-    return work.make_plan(runtime.spec, inline_rows(runtime).count(), 0)
+def plan_of(runtime: RuntimeSpec) -> chunks.WorkPlan:
+    return chunks.make_plan(runtime.spec, inline_rows(runtime).count(), 0)
 
 
 def test_item_json_of_format_1_reads_as_todays_entry(tmp_path: Path) -> None:
     runtime = fixture("2a8e806-files", tmp_path)
     items = items_of(inline_rows(runtime).rows(0, 9), runtime.spec.generation)
-    kept = outputs.FilesLayout(runtime, rank=0).kept(0, items)
+    kept = layouts.FilesLayout(runtime, rank=0).kept(0, items)
     # 00003-000 has its JSON but no image (killed between the two): rendered again, not kept.
     assert sorted(kept) == ["00000-000", "00000-001", "00001-000", "00001-001", "00002-000", "00002-001"]
     entry = kept["00001-001"]
@@ -51,7 +52,7 @@ def test_item_json_of_format_1_reads_as_todays_entry(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["a4144e8-files", "cd07f54-files", "a4144e8-webdataset"])
 def test_part_files_of_formats_2_and_3_read(name: str) -> None:
-    entries = outputs.read_part(FIXTURES / name, 0)
+    entries = layouts.read_part(FIXTURES / name, 0)
     assert entries and [e["index"] for e in entries] == list(range(len(entries)))
     assert all(e["status"] == "rendered" and e["kind"] == "image" for e in entries)
 
@@ -64,12 +65,12 @@ def test_part_files_of_formats_2_and_3_read(name: str) -> None:
     ("", "lists no item"),
 ])
 def test_a_part_file_this_version_cannot_read_refuses_the_folder(tmp_path: Path, text: str, why: str) -> None:
-    outputs.part_path(tmp_path, 3).parent.mkdir()
-    outputs.part_path(tmp_path, 3).write_text(text)
+    layouts.part_path(tmp_path, 3).parent.mkdir()
+    layouts.part_path(tmp_path, 3).write_text(text)
     with pytest.raises(PermanentFailure) as refused:
-        outputs.read_part(tmp_path, 3)
+        layouts.read_part(tmp_path, 3)
     assert refused.value.field == "spec.output.path"
-    assert str(outputs.part_path(tmp_path, 3)) in str(refused.value) and why in str(refused.value)
+    assert str(layouts.part_path(tmp_path, 3)) in str(refused.value) and why in str(refused.value)
     assert "render chunk 3 again" in str(refused.value)
 
 
@@ -116,7 +117,7 @@ def test_every_older_job_json_of_the_same_job_resumes(tmp_path: Path, name: str)
 ])
 def test_each_fixture_resumes_in_its_own_chunks(tmp_path: Path, name: str, job: str, chunk_rows: int) -> None:
     runtime = fixture(name, tmp_path, job=job)
-    assert outputs.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing()).chunk_rows == chunk_rows
+    assert layouts.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing()).chunk_rows == chunk_rows
 
 
 def test_job_json_records_the_format_and_the_chunks(tmp_path: Path) -> None:
@@ -159,22 +160,22 @@ def test_a_resumed_folder_keeps_its_chunks_whatever_this_version_would_cut(tmp_p
     # taken for unfinished and rows 1-2 listed twice in the manifest.
     old = fixture("a4144e8-files", tmp_path)
     assert plan_of(old).chunk_rows == 1
-    assert outputs.resumed_plan(old, plan_of(old), JobFile(old).check_existing()).chunk_rows == 3
-    assert outputs.resumed_plan(old, plan_of(old), None).chunk_rows == 3, "job.json gone: the parts still tell"
+    assert layouts.resumed_plan(old, plan_of(old), JobFile(old).check_existing()).chunk_rows == 3
+    assert layouts.resumed_plan(old, plan_of(old), None).chunk_rows == 3, "job.json gone: the parts still tell"
     new = fixture("new", tmp_path)
-    assert outputs.resumed_plan(new, plan_of(new), None) == plan_of(new), "a new folder: this run's cut"
+    assert layouts.resumed_plan(new, plan_of(new), None) == plan_of(new), "a new folder: this run's cut"
     recorded = {"outputFormat": OUTPUT_FORMAT, "plan": {"firstRow": 0, "chunkRows": 2}}
-    assert outputs.resumed_plan(new, plan_of(new), recorded).chunk_rows == 2, "another world's cut, recorded"
+    assert layouts.resumed_plan(new, plan_of(new), recorded).chunk_rows == 2, "another world's cut, recorded"
 
 
 def test_a_webdataset_folder_of_other_shards_or_rows_is_refused(tmp_path: Path) -> None:
     runtime = fixture("a4144e8-webdataset", tmp_path, job="webdataset", shardSize=3)
     with pytest.raises(PermanentFailure, match=r"^spec.output.shardSize: .* holds shards of 2 rows, this job asks "
                                                r"for 3; set shardSize 2 to resume it"):
-        outputs.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing())
+        layouts.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing())
     moved = {"outputFormat": OUTPUT_FORMAT, "plan": {"firstRow": 4, "chunkRows": 3}}
     with pytest.raises(PermanentFailure, match=r"^spec.dataset.start: .* holds chunks counted from row 4, this job "
                                                r"starts at row 0"):
-        outputs.resumed_plan(runtime, plan_of(runtime), moved)
+        layouts.resumed_plan(runtime, plan_of(runtime), moved)
     with pytest.raises(PermanentFailure, match=r"^spec.output.path: .* records a plan"):
-        outputs.resumed_plan(runtime, plan_of(runtime), {"outputFormat": OUTPUT_FORMAT, "plan": {"chunkRows": 0}})
+        layouts.resumed_plan(runtime, plan_of(runtime), {"outputFormat": OUTPUT_FORMAT, "plan": {"chunkRows": 0}})

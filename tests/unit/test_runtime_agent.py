@@ -12,7 +12,7 @@ import pytest
 from muralist_api import contract
 from muralist_api.contract import Termination
 from muralist_runtime import agent
-from muralist_runtime.termination import permanent_verdict_line
+from muralist_runtime.report.termination import permanent_verdict_line
 
 PERMANENT = Termination(exit_code=78, permanent=True, reason="PermanentFailure",
                         message="spec.dataset: /data/rows.jsonl: no such file or folder")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime.inputs import InputError, load_inputs, missing_inline_inputs, thumbnail_jpeg
+from muralist_runtime.model.inputs import InputError, load_inputs, missing_inline_inputs
+from muralist_runtime.outputs.thumbnails import thumbnail_jpeg
 from PIL import Image
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from muralist_api.contract import PermanentFailure
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime import merge, outputs, shards, temps
-from muralist_runtime.rows import inline_rows, items_of
-from muralist_runtime.writer import JobFile, atomic_write_text
+from muralist_runtime.outputs import layouts, merge, shards, temps
+from muralist_runtime.outputs.writer import JobFile, atomic_write_text
+from muralist_runtime.work.rows import inline_rows, items_of
 from PIL import Image
 
 
@@ -32,16 +32,16 @@ def all_items(spec: RuntimeSpec):
 
 
 @pytest.fixture
-def files(tmp_path: Path) -> outputs.FilesLayout:
-    layout = outputs.FilesLayout(runtime(tmp_path / "out"), rank=1)
+def files(tmp_path: Path) -> layouts.FilesLayout:
+    layout = layouts.FilesLayout(runtime(tmp_path / "out"), rank=1)
     layout.prepare()
     return layout
 
 
-IMG = outputs.Output(image=Image.new("RGB", (4, 4), (10, 20, 30)))
+IMG = layouts.RenderedOutput(image=Image.new("RGB", (4, 4), (10, 20, 30)))
 
 
-def test_files_layout_and_metadata(files: outputs.FilesLayout) -> None:
+def test_files_layout_and_metadata(files: layouts.FilesLayout) -> None:
     item = all_items(files.runtime)[3]
     entry = files.write(0, item, IMG, 0.5)
     assert files.image_path(item).name == "00001-001.png"
@@ -60,8 +60,8 @@ def test_files_layout_and_metadata(files: outputs.FilesLayout) -> None:
 
 
 def test_png_bytes_do_not_depend_on_rank_or_time(tmp_path: Path) -> None:
-    a = outputs.FilesLayout(runtime(tmp_path / "a"), rank=0)
-    b = outputs.FilesLayout(runtime(tmp_path / "b"), rank=3)
+    a = layouts.FilesLayout(runtime(tmp_path / "a"), rank=0)
+    b = layouts.FilesLayout(runtime(tmp_path / "b"), rank=3)
     a.prepare()
     b.prepare()
     item = all_items(a.runtime)[0]
@@ -70,7 +70,7 @@ def test_png_bytes_do_not_depend_on_rank_or_time(tmp_path: Path) -> None:
     assert a.image_path(item).read_bytes() == b.image_path(item).read_bytes()
 
 
-def test_done_means_image_and_metadata(files: outputs.FilesLayout) -> None:
+def test_done_means_image_and_metadata(files: layouts.FilesLayout) -> None:
     item = all_items(files.runtime)[0]
     # A kill between the two renames leaves the metadata only: not done, rendered again.
     atomic_write_text(files.meta_path(item), "{}")
@@ -82,7 +82,7 @@ def test_done_means_image_and_metadata(files: outputs.FilesLayout) -> None:
         ("00000-000", "00000-000", 0, "skipped")]
 
 
-def test_prepare_removes_temp_files_of_dead_writers(files: outputs.FilesLayout) -> None:
+def test_prepare_removes_temp_files_of_dead_writers(files: layouts.FilesLayout) -> None:
     keep = files.images / "00000-000.png"
     keep.write_bytes(b"done")
     stale = temps.temp_path(keep).with_name(f".00000-000.png.{temps._host()}-999999.tmp")
@@ -93,7 +93,7 @@ def test_prepare_removes_temp_files_of_dead_writers(files: outputs.FilesLayout) 
 
 @pytest.mark.parametrize("fmt", ["jpeg", "webp"])
 def test_other_formats(tmp_path: Path, fmt: str) -> None:
-    layout = outputs.FilesLayout(runtime(tmp_path, fmt=fmt), rank=0)
+    layout = layouts.FilesLayout(runtime(tmp_path, fmt=fmt), rank=0)
     layout.prepare()
     item = all_items(layout.runtime)[0]
     layout.write(0, item, IMG, 0.0)
@@ -110,18 +110,18 @@ def video_runtime(out: Path, fmt: str = "mp4", layout: str = "files") -> Runtime
     })
 
 
-def clip(frames: int = 5) -> outputs.Output:
+def clip(frames: int = 5) -> layouts.RenderedOutput:
     import numpy as np
 
     ramp = np.linspace(0, 255, frames * 16 * 16 * 3).reshape(frames, 16, 16, 3).astype(np.uint8)
-    return outputs.Output(frames=ramp)
+    return layouts.RenderedOutput(frames=ramp)
 
 
 @pytest.mark.parametrize("fmt", ["mp4", "webp", "gif"])
 def test_video_files_with_poster_and_metadata(tmp_path: Path, fmt: str) -> None:
-    from muralist_runtime import media
+    from muralist_runtime.outputs import media
 
-    layout = outputs.FilesLayout(video_runtime(tmp_path, fmt), rank=0)
+    layout = layouts.FilesLayout(video_runtime(tmp_path, fmt), rank=0)
     layout.prepare()
     item = all_items(layout.runtime)[0]
     entry = layout.write(0, item, clip(), 0.3)
@@ -139,7 +139,7 @@ def test_video_files_with_poster_and_metadata(tmp_path: Path, fmt: str) -> None:
 
 def test_video_in_a_webdataset_shard(tmp_path: Path) -> None:
     spec = video_runtime(tmp_path, layout="webdataset")
-    layout = outputs.WebDatasetLayout(spec, rank=0)
+    layout = layouts.WebDatasetLayout(spec, rank=0)
     layout.prepare()
     item = all_items(spec)[0]
     layout.begin_chunk(0, {})
@@ -150,11 +150,11 @@ def test_video_in_a_webdataset_shard(tmp_path: Path) -> None:
     assert key == "00000-000" and sorted(members) == ["json", "mp4"]
 
 
-def test_input_thumbnails_beside_the_output(files: outputs.FilesLayout) -> None:
+def test_input_thumbnails_beside_the_output(files: layouts.FilesLayout) -> None:
     item = all_items(files.runtime)[0]
     photo = Image.new("RGB", (640, 320), (200, 10, 10))
     mask = Image.new("L", (640, 320), 255)
-    meta = files.write(0, item, outputs.Output(image=IMG.image, inputs={"image": photo, "mask": mask}), 0.1)
+    meta = files.write(0, item, layouts.RenderedOutput(image=IMG.image, inputs={"image": photo, "mask": mask}), 0.1)
     assert (meta["input"], meta["mask"]) == ("images/00000-000.input.jpg", "images/00000-000.mask.jpg")
     thumb = Image.open(files.root / meta["input"])
     assert thumb.size == (256, 128) and Image.open(files.root / meta["mask"]).mode == "L"
@@ -163,14 +163,14 @@ def test_input_thumbnails_beside_the_output(files: outputs.FilesLayout) -> None:
 
 def test_webdataset_shard_per_chunk_and_a_retry_keeps_what_it_had(tmp_path: Path) -> None:
     spec = runtime(tmp_path, layout="webdataset")
-    layout = outputs.WebDatasetLayout(spec, rank=0)
+    layout = layouts.WebDatasetLayout(spec, rank=0)
     layout.prepare()
     items = all_items(spec)
     layout.begin_chunk(0, {})
     entries = [layout.add(0, i, layout.write(0, i, IMG, 0.1)) for i in items[:3]]
-    entries.append(outputs.failed_entry(spec, items[3], 0, "input image missing"))
+    entries.append(layouts.failed_entry(spec, items[3], 0, "input image missing"))
     layout.end_chunk(0)
-    outputs.write_part(tmp_path, 0, entries)
+    layouts.write_part(tmp_path, 0, entries)
     with tarfile.open(tmp_path / "shards" / "shard-000000.tar") as tar:
         assert tar.getnames() == ["00000-000.png", "00000-000.json", "00000-001.png", "00000-001.json",
                                   "00001-000.png", "00001-000.json"]
@@ -186,12 +186,12 @@ def test_webdataset_shard_per_chunk_and_a_retry_keeps_what_it_had(tmp_path: Path
 
 def test_merge_streams_parts_into_manifest_index_and_gallery(tmp_path: Path) -> None:
     spec = runtime(tmp_path)
-    layout = outputs.FilesLayout(spec, rank=0)
+    layout = layouts.FilesLayout(spec, rank=0)
     layout.prepare()
     items = all_items(spec)
-    outputs.write_part(tmp_path, 1, [outputs.failed_entry(spec, items[2], 1, "NaN"),
+    layouts.write_part(tmp_path, 1, [layouts.failed_entry(spec, items[2], 1, "NaN"),
                                      layout.write(1, items[3], IMG, 0.2)])
-    outputs.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
+    layouts.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
     counts = merge.merge(tmp_path, 3, "w", page_size=200, caption={"model": "m"})  # chunk 2: unfinished
     assert counts == {"rendered": 3, "failed": 1}
     lines = [json.loads(x) for x in (tmp_path / "manifest.jsonl").read_text().splitlines()]
@@ -256,7 +256,7 @@ def test_digest_covers_pixels_only_and_ignores_defaults() -> None:
 def test_background_writer_queue_is_bounded() -> None:
     import threading
 
-    from muralist_runtime.writer import BackgroundWriter
+    from muralist_runtime.outputs.writer import BackgroundWriter
 
     release = threading.Event()
     started = threading.Event()
@@ -282,10 +282,10 @@ def test_background_writer_queue_is_bounded() -> None:
     assert [w.item for w in bg.completed()] == tasks
 
 
-def test_background_writer_completion_order_is_free_and_all_counted(files: outputs.FilesLayout) -> None:
+def test_background_writer_completion_order_is_free_and_all_counted(files: layouts.FilesLayout) -> None:
     import threading
 
-    from muralist_runtime.writer import BackgroundWriter
+    from muralist_runtime.outputs.writer import BackgroundWriter
 
     tasks = all_items(files.runtime)
     first_may_finish = threading.Event()
@@ -308,8 +308,8 @@ def test_background_writer_completion_order_is_free_and_all_counted(files: outpu
     assert not list(files.images.glob(".*")), "no temp file left"
 
 
-def test_background_writer_error_reaches_the_generating_thread(files: outputs.FilesLayout) -> None:
-    from muralist_runtime.writer import BackgroundWriter
+def test_background_writer_error_reaches_the_generating_thread(files: layouts.FilesLayout) -> None:
+    from muralist_runtime.outputs.writer import BackgroundWriter
 
     tasks = all_items(files.runtime)
 

@@ -26,7 +26,7 @@ from muralist_api.rules.sequence import (
     vae_scale_factor,
     vae_scales,
 )
-from muralist_runtime.preflight import check_context_parallel, cp_split_inputs
+from muralist_runtime.model.preflight import check_context_parallel, cp_split_inputs
 
 FLUX_VAE = {"_class_name": "AutoencoderKL", "block_out_channels": [128, 256, 512, 512]}
 FLUX_TRANSFORMER = {"_class_name": "FluxTransformer2DModel", "patch_size": 1,
@@ -143,7 +143,7 @@ def test_video_sequence_counts_frames_and_not_the_text(tmp_path: Path) -> None:
 def test_preflight_and_the_spec_package_are_torch_free() -> None:
     # What the operator image imports must not need torch (import-linter checks the static
     # imports; this checks what really loads).
-    code = ("import pkgutil, sys, importlib, muralist_api as spec, muralist_runtime.preflight; "
+    code = ("import pkgutil, sys, importlib, muralist_api as spec, muralist_runtime.model.preflight; "
             "[importlib.import_module(m.name) for m in pkgutil.iter_modules(spec.__path__, 'muralist_api.')]; "
             "heavy = {'torch', 'diffusers', 'transformers'} & set(sys.modules); "
             "assert not heavy, heavy")
@@ -215,7 +215,7 @@ def preflight_log(models: list[str], env: dict[str, str]) -> list[str]:
     """What check_context_parallel logs at WARNING for each model, in a process of its own (the
     hub client reads its endpoint and offline mode when imported)."""
     code = ("import logging, sys; logging.basicConfig(level=logging.WARNING, format='%(message)s'); "
-            "from muralist_runtime.preflight import check_context_parallel; "
+            "from muralist_runtime.model.preflight import check_context_parallel; "
             "from muralist_api.job import Generation; "
             "[check_context_parallel(m, None, Generation(height=64, width=64), None, 1, 2) for m in sys.argv[1:]]")
     done = subprocess.run([sys.executable, "-c", code, *models], env={**os.environ, **env}, capture_output=True,

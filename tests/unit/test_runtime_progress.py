@@ -15,8 +15,8 @@ import pytest
 from muralist_api import contract
 from muralist_api.contract import Counts
 from muralist_api.contract.progress import ProgressReport
-from muralist_runtime import progress
-from muralist_runtime.progress import PodReporter, Progress, RankFile, read_counts, target_from_env
+from muralist_runtime.report import progress
+from muralist_runtime.report.progress import PodReporter, RankFile, RankProgress, read_counts, target_from_env
 
 
 class FakeOperator:
@@ -77,7 +77,7 @@ def test_the_pod_posts_its_ranks_summed_with_a_fresh_token_each_time(operator: F
     token = tmp_path / "token"
     token.write_text("first\n")
     directory = tmp_path / "progress"
-    ranks = [Progress(rank=r, job_total=10, writes=r != 1, local=False, rank_file=RankFile(directory, r))
+    ranks = [RankProgress(rank=r, job_total=10, writes=r != 1, local=False, rank_file=RankFile(directory, r))
              for r in range(3)]  # rank 1: a CP group's second rank, counts nothing
     ranks[0].item_done("a", "completed", 0.1)
     ranks[2].item_done("b", "skipped", 0.0)
@@ -103,7 +103,7 @@ def test_what_the_runtime_posts_is_what_the_operator_reads(operator: FakeOperato
     token = tmp_path / "token"
     token.write_text("t")
     directory = tmp_path / "progress"
-    ranks = [Progress(rank=r, job_total=7, writes=True, local=False, rank_file=RankFile(directory, r))
+    ranks = [RankProgress(rank=r, job_total=7, writes=True, local=False, rank_file=RankFile(directory, r))
              for r in range(2)]
     ranks[0].item_done("a", "completed", 0.1)
     ranks[0].step_done()
@@ -130,7 +130,7 @@ def test_what_the_runtime_posts_is_what_the_operator_reads(operator: FakeOperato
 def test_the_operator_sets_the_interval_and_errors_never_raise(operator: FakeOperator, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("t")
-    Progress(rank=0, job_total=1, writes=True, local=False, rank_file=RankFile(tmp_path / "pod", 0))
+    RankProgress(rank=0, job_total=1, writes=True, local=False, rank_file=RankFile(tmp_path / "pod", 0))
     reporter = PodReporter(target_from_env(pod_env(operator, token)), tmp_path / "pod", interval=3)
     operator.answer = (200, {"intervalSeconds": 3.5})  # half seconds (the aggregator's step)
     reporter.send()
@@ -157,14 +157,14 @@ def test_an_unreachable_operator_does_not_block(tmp_path: Path) -> None:
     env = {contract.MURALIST_PROGRESS_URL: "http://127.0.0.1:9/v1/x", contract.MURALIST_PROGRESS_TOKEN: str(token)}
     reporter = PodReporter(target_from_env(env), tmp_path, interval=10).start()
     start = time.monotonic()
-    prog = Progress(rank=0, job_total=1, writes=True, local=False, rank_file=RankFile(tmp_path, 0))
+    prog = RankProgress(rank=0, job_total=1, writes=True, local=False, rank_file=RankFile(tmp_path, 0))
     prog.item_done("k", "completed", 0.0)
     assert time.monotonic() - start < 0.1
     reporter.close()
 
 
 def test_progress_lines_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    prog = Progress(rank=2, job_total=2, writes=True, local=False)
+    prog = RankProgress(rank=2, job_total=2, writes=True, local=False)
     prog.item_done("00000-000", "skipped", 0.0)
     prog.item_done("00001-000", "completed", 1.23456)
     lines = capsys.readouterr().out.splitlines()
@@ -176,7 +176,8 @@ def test_progress_lines_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_rank_files_of_all_pods_sum_to_the_whole_job(tmp_path: Path) -> None:
     pods = [tmp_path / "pod-0", tmp_path / "pod-1"]
-    progs = [Progress(rank=r, job_total=12, writes=r != 3, local=True, rank_file=RankFile(pods[r // 2], r, interval=60))
+    progs = [RankProgress(rank=r, job_total=12, writes=r != 3, local=True,
+                          rank_file=RankFile(pods[r // 2], r, interval=60))
              for r in range(4)]
     for r, prog in enumerate(progs):
         for i in range(r + 1 if r != 3 else 0):
@@ -194,7 +195,7 @@ def test_local_bar_counts_every_rank_of_every_agent(tmp_path: Path) -> None:
 
     pods = [tmp_path / "pod-0", tmp_path / "pod-1"]
     for r in range(2):
-        prog = Progress(rank=r, job_total=16, writes=True, local=True, rank_file=RankFile(pods[r], r))
+        prog = RankProgress(rank=r, job_total=16, writes=True, local=True, rank_file=RankFile(pods[r], r))
         for i in range(8):
             prog.item_done(str(i), "completed", 0.0)
         prog.close()
@@ -207,7 +208,7 @@ def test_step_times_advance_with_every_step(tmp_path: Path, monkeypatch: pytest.
     clock = iter(f"2026-01-01T00:00:{s:02d}Z" for s in range(60))
     monkeypatch.setattr(progress, "now_iso", lambda: next(clock))
     rank_file = RankFile(tmp_path, 1, interval=0.01)
-    prog = Progress(rank=1, job_total=3, writes=False, local=False, rank_file=rank_file)
+    prog = RankProgress(rank=1, job_total=3, writes=False, local=False, rank_file=rank_file)
     stamps = []
     for _ in range(3):
         prog.step_done()
@@ -222,10 +223,10 @@ def test_step_times_advance_with_every_step(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_the_pod_waits_for_its_ranks_and_fails_on_a_stalled_one(tmp_path: Path) -> None:
-    done = Progress(rank=0, job_total=1, writes=True, local=True, rank_file=RankFile(tmp_path, 0))
+    done = RankProgress(rank=0, job_total=1, writes=True, local=True, rank_file=RankFile(tmp_path, 0))
     done.finished()
     progress.wait_for_pod(tmp_path, timeout=5)  # everyone done: returns at once
-    Progress(rank=1, job_total=1, writes=True, local=True, rank_file=RankFile(tmp_path, 1))
+    RankProgress(rank=1, job_total=1, writes=True, local=True, rank_file=RankFile(tmp_path, 1))
     old = time.time() - 30
     os.utime(tmp_path / "rank-1.json", (old, old))  # rank 1 has not moved for 30 s
     with pytest.raises(progress.RankStalled, match=r"rank-1 of this pod made no progress for 3[0-9]s"):

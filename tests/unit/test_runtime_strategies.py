@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from muralist_api.contract import PermanentFailure
 from muralist_api.job import ContextParallelSpec, DiffusionJobSpec, Strategy, TensorParallelSpec
-from muralist_runtime.strategies import REGISTRY, Plan, cpu_device_shim, get_strategy
+from muralist_runtime.model.strategies import REGISTRY, Plan, cpu_device_shim, get_strategy
 
 
 def spec(**parallelism) -> DiffusionJobSpec:

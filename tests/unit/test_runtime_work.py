@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 from muralist_api.items import item_seed, row_items
 from muralist_api.job import Generation
-from muralist_runtime import work
-from muralist_runtime.item_failures import JobTally
-from muralist_runtime.world import Layout
+from muralist_runtime.work import chunks
+from muralist_runtime.work.item_failures import JobTally
+from muralist_runtime.world.distributed import Layout
 
 from tests.builders import make_job
 
 
-def plan_for(rows: int, processes: int = 1, nodes: int = 1, **output) -> work.WorkPlan:
+def plan_for(rows: int, processes: int = 1, nodes: int = 1, **output) -> chunks.WorkPlan:
     job = make_job().world(nodes=nodes, gpus=0, processes=processes).output(**output).job()
-    return work.make_plan(job.spec, rows, 0)
+    return chunks.make_plan(job.spec, rows, 0)
 
 
 @pytest.mark.parametrize(
@@ -44,23 +44,23 @@ def test_webdataset_chunks_are_shards() -> None:
 
 def test_a_row_range_is_planned_in_the_source_numbering() -> None:
     job = make_job().job()
-    plan = work.make_plan(job.spec, rows=10, start=100)
+    plan = chunks.make_plan(job.spec, rows=10, start=100)
     assert plan.bounds(0)[0] == 100 and plan.bounds(plan.chunks - 1)[1] == 110
 
 
-@pytest.mark.parametrize(("chunks", "groups"), [(7, 3), (3, 2), (1, 4), (10, 1)])
-def test_static_shares_are_contiguous_balanced_and_exact(chunks: int, groups: int) -> None:
-    plan = work.WorkPlan(0, chunks, 1, 1)
-    shares = [[c for c, _ in work.static_chunks(plan, g, groups)] for g in range(groups)]
-    assert [c for share in shares for c in share] == list(range(chunks))
+@pytest.mark.parametrize(("chunk_count", "groups"), [(7, 3), (3, 2), (1, 4), (10, 1)])
+def test_static_shares_are_contiguous_balanced_and_exact(chunk_count: int, groups: int) -> None:
+    plan = chunks.WorkPlan(0, chunk_count, 1, 1)
+    shares = [[c for c, _ in chunks.static_chunks(plan, g, groups)] for g in range(groups)]
+    assert [c for share in shares for c in share] == list(range(chunk_count))
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
 def test_own_chunks_first_then_claims_then_a_sweep_of_what_nobody_holds() -> None:
-    from muralist_runtime.claims import ClaimClient, ClaimServer
+    from muralist_runtime.work.claims import ClaimClient, ClaimServer
 
-    plan = work.WorkPlan(0, 8, 1, 1)
-    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, work.NAMESPACE) as store:
+    plan = chunks.WorkPlan(0, 8, 1, 1)
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) as store:
         # Before this group's pod was retried it owned chunk 1 (unfinished). Group 1 claimed 0, 2
         # and 3 (still rendering 3); chunk 4's claim reply was lost, so nobody owns it.
         for chunk, owner in ((0, 1), (1, 0), (2, 1), (3, 1), (4, None)):
@@ -69,19 +69,19 @@ def test_own_chunks_first_then_claims_then_a_sweep_of_what_nobody_holds() -> Non
                 store.add(f"owner/{chunk}", owner + 1)
                 store.append(f"owned/{owner}", f"{chunk},")
         counted: list[int] = []
-        tally = work.Tally(store, counts_of=lambda c: (1, 0, []))
+        tally = chunks.Tally(store, counts_of=lambda c: (1, 0, []))
         tally.count = counted.append  # type: ignore[method-assign]
-        got = list(work.dynamic_chunks(store, plan, {0, 2, 7}.__contains__, group=0, tally=tally))
+        got = list(chunks.dynamic_chunks(store, plan, {0, 2, 7}.__contains__, group=0, tally=tally))
     assert got == [(1, False), (5, False), (6, False), (7, False), (4, True)]
     assert counted == [0, 2, 7], "chunks found done are counted in this store's life"
     # 3 is group 1's (in flight): no duplicate; 5 and 6 were claimed and owned by group 0 itself.
 
 
 def test_tally_counts_each_chunk_once_and_waits_for_all() -> None:
-    from muralist_runtime.claims import ClaimClient, ClaimServer
+    from muralist_runtime.work.claims import ClaimClient, ClaimServer
 
-    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, work.NAMESPACE) as store:
-        tally = work.Tally(store, counts_of=lambda c: (0, 2, ["00001-000: NaN", "00001-001: NaN"]))
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) as store:
+        tally = chunks.Tally(store, counts_of=lambda c: (0, 2, ["00001-000: NaN", "00001-001: NaN"]))
         assert tally.finished(0, 3, 1, ["00000-000 (a): missing"]) == JobTally(chunks=1, completed=3, failed=1)
         assert tally.finished(0, 3, 1) == JobTally(1, 3, 1), "a duplicate of chunk 0 is not counted again"
         tally.count(1)
@@ -106,17 +106,17 @@ class Clock:
 
 
 def test_the_merge_wait_ends_naming_the_chunks_not_done_and_who_holds_them() -> None:
-    from muralist_runtime.claims import ClaimClient, ClaimServer
+    from muralist_runtime.work.claims import ClaimClient, ClaimServer
 
-    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, work.NAMESPACE) as store:
-        tally = work.Tally(store)
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) as store:
+        tally = chunks.Tally(store)
         tally.finished(0, 1, 0)
         for chunk, group in ((1, 3), (2, None), (3, 0), (4, 1)):
             if group is not None:
                 store.add(f"owner/{chunk}", group + 1)
         # Chunk 4 finishes 15 s in: the bound (20 s) counts again from there.
         clock = Clock(5.0, {15.0: lambda: tally.finished(4, 1, 0)})
-        with pytest.raises(work.MergeWaitTimeout) as failed:
+        with pytest.raises(chunks.MergeWaitTimeout) as failed:
             tally.wait_all(5, bound=20, holder=lambda group: f"pod {group // 2}", clock=lambda: clock.now,
                            sleep=clock.sleep)
     assert clock.now == 35.0
@@ -132,7 +132,7 @@ def test_the_merge_wait_ends_naming_the_chunks_not_done_and_who_holds_them() -> 
 )
 def test_merge_wait_bound(chunk_rows: int, images: int, slowest: float, bound: float) -> None:
     # At least the collective timeout; else 4 whole chunks at the slowest item seen here.
-    assert work.merge_wait_bound(work.WorkPlan(0, 100, chunk_rows, images), 600, slowest) == bound
+    assert chunks.merge_wait_bound(chunks.WorkPlan(0, 100, chunk_rows, images), 600, slowest) == bound
 
 
 def test_seeds_do_not_depend_on_the_world() -> None:
@@ -167,15 +167,15 @@ def test_job_ranks_and_groups_do_not_depend_on_the_world(ppn: int, nodes: int, g
 def test_a_cpu_job_stays_on_the_cpu_and_gpus_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from muralist_api.contract import PermanentFailure
-    from muralist_runtime import world
+    from muralist_runtime.world import distributed
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert world.uses_gpu(make_job().world(gpus=0, processes=2).job().spec.parallelism) is False
-    assert world.uses_gpu(make_job().world(gpus=1).job().spec.parallelism) is True
+    assert distributed.uses_gpu(make_job().world(gpus=0, processes=2).job().spec.parallelism) is False
+    assert distributed.uses_gpu(make_job().world(gpus=1).job().spec.parallelism) is True
     with pytest.raises(PermanentFailure, match=r"^spec.parallelism.gpusPerNode: 2 processes per pod, one per GPU, "
                                                r"but this pod sees 1 GPU"):
-        world.check_devices(layout(0, 0, 2, 1, 1))
+        distributed.check_devices(layout(0, 0, 2, 1, 1))
 
 
 class GroupOfTwo:
@@ -195,20 +195,20 @@ class GroupOfTwo:
 
 
 def test_a_group_ends_together_when_its_first_rank_finds_the_job_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    from muralist_runtime.generate import chunk_stream
+    from muralist_runtime.render.claim_loop import chunk_stream
 
     def claims_then_the_store_is_gone(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
         yield 0, False
-        raise work.NothingLeft("the job was merged and its first pod is gone")
+        raise chunks.NothingLeft("the job was merged and its first pod is gone")
 
-    monkeypatch.setattr(work, "dynamic_chunks", claims_then_the_store_is_gone)
+    monkeypatch.setattr(chunks, "dynamic_chunks", claims_then_the_store_is_gone)
     job = SimpleNamespace(work=plan_for(4))
     first = GroupOfTwo(first=True)
-    with pytest.raises(work.NothingLeft):
+    with pytest.raises(chunks.NothingLeft):
         list(chunk_stream(job, SimpleNamespace(world=first, claims=None)))
-    assert first.shared == [(0, False), work.NOTHING_LEFT]  # the other rank is told, not left in the collective
+    assert first.shared == [(0, False), chunks.NOTHING_LEFT]  # the other rank is told, not left in the collective
     other = GroupOfTwo(first=False, incoming=first.shared)
     stream = chunk_stream(job, SimpleNamespace(world=other, claims=None))
     assert next(stream) == (0, False)
-    with pytest.raises(work.NothingLeft, match="first rank found the job merged"):
+    with pytest.raises(chunks.NothingLeft, match="first rank found the job merged"):
         next(stream)

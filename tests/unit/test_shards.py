@@ -12,8 +12,8 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from muralist_runtime import temps
-from muralist_runtime.shards import (
+from muralist_runtime.outputs import temps
+from muralist_runtime.outputs.shards import (
     IndexWriter,
     ShardWriter,
     index_schema,
@@ -21,7 +21,7 @@ from muralist_runtime.shards import (
     read_shard,
     shard_path,
 )
-from muralist_runtime.temps import remove_stale as remove_stale_temps
+from muralist_runtime.outputs.temps import remove_stale as remove_stale_temps
 
 
 def sample(i: int) -> dict[str, bytes]:
@@ -98,7 +98,7 @@ def test_an_exception_in_the_block_leaves_no_shard(tmp_path: Path) -> None:
 
 def test_a_killed_writer_leaves_only_a_temp_that_cleanup_removes(tmp_path: Path) -> None:
     code = (f"import os, sys; sys.path[:0] = {sys.path!r}\n"
-            "from pathlib import Path; from muralist_runtime.shards import ShardWriter\n"
+            "from pathlib import Path; from muralist_runtime.outputs.shards import ShardWriter\n"
             f"w = ShardWriter(Path({str(tmp_path)!r}), 2)\n"
             "for i in range(50): w.add(f'{i:08d}', {'png': os.urandom(10_000)})\n"
             "w._file.flush(); print(w.tmp, flush=True); os._exit(9)  # killed: no close, no atexit")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from muralist_runtime.sources import Columns, MissingColumn, Row, RowSource, SourceError, detect, readers, source
+from muralist_runtime.work.sources import Columns, MissingColumn, Row, RowSource, SourceError, detect, readers, source
 
 PROMPTS = [f"a photo of item {i}" for i in range(50)]
 
@@ -385,7 +385,7 @@ def dataset_runtime(root: Path, path: str, **columns: str):
 def test_every_mapped_column_is_checked_against_the_schema_in_every_format(tmp_path: Path, fmt: str,
                                                                           field: str) -> None:
     from muralist_api.contract import PermanentFailure
-    from muralist_runtime import rows
+    from muralist_runtime.work import rows
 
     path = write_schema(tmp_path, fmt)
     columns = {"prompt": "caption", field: "text"}
@@ -396,7 +396,7 @@ def test_every_mapped_column_is_checked_against_the_schema_in_every_format(tmp_p
 
 def test_a_folder_names_the_file_that_lacks_a_column(tmp_path: Path) -> None:
     from muralist_api.contract import PermanentFailure
-    from muralist_runtime import rows
+    from muralist_runtime.work import rows
 
     folder = tmp_path / "parts"
     folder.mkdir()

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime import main, outputs, shards, temps, writer
-from muralist_runtime.work import NothingLeft
+from muralist_runtime import main
+from muralist_runtime.outputs import layouts, shards, temps, writer
+from muralist_runtime.render.state import RunState
+from muralist_runtime.work.chunks import NothingLeft
 
 # Every writer of the output tree, killed at its rename: the process dies there, so it cleans
 # nothing up (os.replace raises, unlinks do nothing, then os._exit).
@@ -21,7 +23,7 @@ import os, pathlib, sys
 from pathlib import Path
 
 root = Path(sys.argv[1])
-from muralist_runtime import merge, outputs, shards, writer
+from muralist_runtime.outputs import layouts, merge, shards, writer
 
 
 class Killed(BaseException):
@@ -44,7 +46,7 @@ def shard():
 
 writes = [
     lambda: writer.atomic_write_text(root / "job.json", "{}"),
-    lambda: outputs.write_part(root, 1, [{"key": "00000001-000", "index": 1, "status": "rendered"}]),
+    lambda: layouts.write_part(root, 1, [{"key": "00000001-000", "index": 1, "status": "rendered"}]),
     lambda: writer.atomic_write_bytes(root / "images" / "00000001-000.png", b"png"),
     shard,
     lambda: merge.merge(root, 1, "job", 2, {}),  # the manifest, the index and the gallery's first file
@@ -64,7 +66,7 @@ SLOW_DUPLICATE = r"""
 import sys
 from pathlib import Path
 
-from muralist_runtime import shards, temps
+from muralist_runtime.outputs import shards, temps
 
 w = shards.ShardWriter(Path(sys.argv[1]) / "shards", 3)
 w.add("00000009-000", {"png": b"the duplicate's", "json": b"{}"})
@@ -112,7 +114,7 @@ def test_every_writer_of_the_tree_names_its_temp_alike_and_the_start_removes_a_k
         assert Path(name).name == temps.temp_path(final).name.replace(f"-{os.getpid()}.", f"-{pid}."), \
             "one temp name for every writer"
 
-    outputs.WebDatasetLayout(webdataset_runtime(root), rank=1).prepare()  # the next pod's start
+    layouts.WebDatasetLayout(webdataset_runtime(root), rank=1).prepare()  # the next pod's start
     assert temp_files(root) == [], "a killed writer's temp, in any folder, is removed at start"
     assert (root / "shards" / "shard-000000.tar").read_bytes() == b"a finished shard"
 
@@ -137,9 +139,9 @@ def test_once_merged_no_temp_is_left_and_a_slow_duplicate_ends_without_a_trace(t
     assert duplicate.stdout is not None and duplicate.stdin is not None
     writing = Path(duplicate.stdout.readline().strip())
     assert writing.is_file()
-    assert temps.remove_stale_in(outputs.tree(root)) == [], "all of them may still be written"
+    assert temps.remove_stale_in(layouts.tree(root)) == [], "all of them may still be written"
 
-    removed = temps.remove_all_in(outputs.tree(root))  # the job merged
+    removed = temps.remove_all_in(layouts.tree(root))  # the job merged
     assert sorted(removed) == sorted([*left, writing])
     out, err = duplicate.communicate("go on\n", timeout=60)
     assert duplicate.returncode == 0, err
@@ -150,7 +152,7 @@ def test_once_merged_no_temp_is_left_and_a_slow_duplicate_ends_without_a_trace(t
 
 def test_a_duplicate_overtaken_by_the_merge_ends_as_a_run_with_nothing_left(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from muralist_runtime import generate
+    from muralist_runtime.render import claim_loop
 
     def write(*_: object) -> None:
         raise temps.TempRemoved(tmp_path / "images" / "00000000-000.png")
@@ -163,8 +165,9 @@ def test_a_duplicate_overtaken_by_the_merge_ends_as_a_run_with_nothing_left(tmp_
     def overtaken(*_: object) -> None:
         background.close()
 
-    monkeypatch.setattr(generate, "generate", overtaken)
-    state = main.RunState(jobfile=writer.JobFile(webdataset_runtime(tmp_path)))
+    monkeypatch.setattr(claim_loop, "generate", overtaken)
+    state = RunState()
+    state.jobfile = writer.JobFile(webdataset_runtime(tmp_path))
     jobfile = state.jobfile.path
     jobfile.write_text(json.dumps({"name": "w"}))
     with pytest.raises(temps.TempRemoved):  # not merged: another pod's clean-up took it; retried

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from muralist_api import contract
 from muralist_api.contract import Counts, Termination
-from muralist_runtime import termination
+from muralist_runtime.report import termination
 
 
 def summary(counts: Counts, code: int, permanent: bool, reason: str, message: str,

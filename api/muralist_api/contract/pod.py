@@ -45,13 +45,13 @@ MURALIST_PROGRESS_CA = "MURALIST_PROGRESS_CA"  # a file: the CA that signed the 
 MURALIST_LOCAL = "MURALIST_LOCAL"  # "1" under `muralist run`: a bar for people, no JSON lines
 # "1" under the launch entry point, which prints a permanent verdict once: ranks only write it.
 MURALIST_LAUNCHED = "MURALIST_LAUNCHED"
-MURALIST_PROGRESS_DIR = "MURALIST_PROGRESS_DIR"  # where a pod's ranks keep their counts (progress.py)
+MURALIST_PROGRESS_DIR = "MURALIST_PROGRESS_DIR"  # where a pod's ranks keep their counts (report/progress.py)
 MURALIST_TERMINATION_LOG = "MURALIST_TERMINATION_LOG"  # overrides TERMINATION_LOG (local runs, tests)
 MURALIST_CACHE = "MURALIST_CACHE"  # where built-in tiny models are built (default under HF_HOME)
 MURALIST_STAGE_DIR = "MURALIST_STAGE_DIR"  # node-local disk for model.loading.stage
 # The operator's default runtime image (an operator setting, not a pod variable).
 MURALIST_RUNTIME_IMAGE = "MURALIST_RUNTIME_IMAGE"
-# Failure injection for tests (runtime/muralist_runtime/knobs.py says what each does).
+# Failure injection for tests (runtime/muralist_runtime/testing/faults.py says what each does).
 MURALIST_TEST_EXIT_AFTER = "MURALIST_TEST_EXIT_AFTER"
 MURALIST_TEST_EXIT_RANK = "MURALIST_TEST_EXIT_RANK"
 MURALIST_TEST_HANG_AFTER = "MURALIST_TEST_HANG_AFTER"

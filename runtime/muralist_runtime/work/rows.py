@@ -1,6 +1,6 @@
 """The rows of a job: inline prompts and promptsFrom lines, or spec.dataset read as a stream.
 
-Every rank opens the same rows and reads only the ranges it claims (work.py): a data set of
+Every rank opens the same rows and reads only the ranges it claims (work/chunks.py): a data set of
 millions of rows is never held in memory, and an inline prompt list (bounded by admission to
 what fits in the spec ConfigMap) is served from memory the same way. A row gives
 generation.imagesPerPrompt items (muralist_api/items.py).

@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from muralist_api.contract import DEFAULT_STAGE_DIR, MURALIST_STAGE_DIR
+from muralist_api.contract import DEFAULT_STAGE_DIR
+from muralist_api.contract.env import PodEnv
 
 from . import hub
 
@@ -38,7 +39,7 @@ POLL_SECONDS = 0.5
 
 
 def stage_root() -> Path:
-    return Path(os.environ.get(MURALIST_STAGE_DIR) or DEFAULT_STAGE_DIR)
+    return Path(PodEnv.from_environ().stage_dir or DEFAULT_STAGE_DIR)
 
 
 def local_source(source: str, revision: str | None) -> Path:

@@ -3,7 +3,7 @@
 Two scopes. The job: every process of every pod has a rank in it (pod index x processes per
 pod + local rank), and ranks are cut into groups of `group_size` consecutive ranks that render
 one image together (ContextParallel / TensorParallel; 1 for DataParallel and DeviceMap); the
-groups are data parallel and claim their work from the store (work.py). The torchrun world:
+groups are data parallel and claim their work from the store (work/chunks.py). The torchrun world:
 the pod alone, or the pods of a context-parallel group that spans pods (muralist_api/contract/__init__.py
 pod_world): its process group carries only that group's collectives, so a failed pod costs
 only its own world.
@@ -22,6 +22,7 @@ from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract import PermanentFailure
+from muralist_api.contract.env import LOCAL_RANK, RANK, WORLD_SIZE, PodEnv
 from muralist_api.job import Parallelism
 
 
@@ -91,17 +92,16 @@ class Layout:
         }
 
 
-def layout_from_env(group_size: int, nodes: int, env: os._Environ[str] | dict[str, str] | None = None) -> Layout:
-    env = os.environ if env is None else env
-    pg_size = int(env.get("WORLD_SIZE", "1"))
+def layout_from_env(group_size: int, nodes: int, env: PodEnv | None = None) -> Layout:
+    env = PodEnv.from_environ() if env is None else env
     return Layout(
-        pod_index=int(env.get(contract.MURALIST_POD_INDEX, "0") or 0),
-        local_rank=int(env.get("LOCAL_RANK", "0")),
-        local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(pg_size))),
+        pod_index=env.pod_index,
+        local_rank=env.local_rank,
+        local_world_size=env.local_world_size,
         nodes=nodes,
         group_size=group_size,
-        pg_rank=int(env.get("RANK", "0")),
-        pg_size=pg_size,
+        pg_rank=env.rank,
+        pg_size=env.world_size,
     )
 
 
@@ -121,7 +121,7 @@ def check_layout(layout: Layout, parallelism: Parallelism) -> None:
 
 
 @dataclass
-class World:
+class DistributedWorld:
     """The layout plus the live process group and this process's device."""
 
     layout: Layout
@@ -129,12 +129,6 @@ class World:
     backend: str
     distributed: bool
     group: Any = None  # this group's process group (None for groups of one)
-
-    def barrier(self) -> None:
-        if self.distributed:
-            import torch.distributed as dist
-
-            dist.barrier()
 
     def mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
         """A device mesh over this torchrun world; consecutive ranks share the last dimensions."""
@@ -198,7 +192,7 @@ def _group_process_group(layout: Layout) -> Any:
     return mine
 
 
-def setup_world(parallelism: Parallelism, group_size: int) -> World:
+def setup_world(parallelism: Parallelism, group_size: int) -> DistributedWorld:
     """Initialise torch.distributed from the launcher's environment and pick the device.
 
     nccl for GPU tensors; gloo too (the combined backend) because barriers, object
@@ -214,9 +208,9 @@ def setup_world(parallelism: Parallelism, group_size: int) -> World:
         from accelerate import PartialState
 
         state = PartialState(cpu=not gpu, timeout=timeout)
-        env = dict(os.environ)
-        env.update(RANK=str(state.process_index), WORLD_SIZE=str(state.num_processes),
-                   LOCAL_RANK=str(state.local_process_index))
+        # accelerate's own count of the processes, as torchrun would have set it.
+        env = PodEnv.from_environ({**os.environ, RANK: str(state.process_index), WORLD_SIZE: str(state.num_processes),
+                                   LOCAL_RANK: str(state.local_process_index)})
         layout = layout_from_env(group_size, parallelism.nodes, env)
         distributed = dist.is_available() and dist.is_initialized()
         backend = dist.get_backend() if distributed else "none"
@@ -244,4 +238,4 @@ def setup_world(parallelism: Parallelism, group_size: int) -> World:
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
     group = _group_process_group(layout) if distributed and group_size > 1 else None
-    return World(layout=layout, device=device, backend=backend, distributed=distributed, group=group)
+    return DistributedWorld(layout=layout, device=device, backend=backend, distributed=distributed, group=group)

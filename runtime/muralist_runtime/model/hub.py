@@ -20,13 +20,13 @@ metadata calls back off), so the pod fails and the Job tries again later.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from muralist_api.contract import PermanentFailure
+from muralist_api.contract.env import PodEnv
 
 TOKEN_FIELD = "spec.model.tokenSecret"
 
@@ -50,7 +50,7 @@ def adapter_fields(index: int) -> HubFields:
 
 def token() -> str | None:
     """The pod's hub token (model.tokenSecret reaches the pod only as HF_TOKEN)."""
-    return os.environ.get("HF_TOKEN") or None
+    return PodEnv.from_environ().hf_token
 
 
 def causes(error: BaseException) -> Iterator[BaseException]:

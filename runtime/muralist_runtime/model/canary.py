@@ -18,14 +18,15 @@ parallel canary render, so its share of the latents differs: a broken layout.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-from muralist_api.contract import MURALIST_TEST_BREAK_CP, PermanentFailure
+from muralist_api.contract import PermanentFailure
+from muralist_api.contract.env import PodEnv
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
-from .world import World
+from ..world.distributed import DistributedWorld
+from .pipeline import render
 
 log = logging.getLogger("muralist.canary")
 
@@ -39,14 +40,12 @@ MEAN_ABS_LEVELS = 0.5
 def _render(pipe: Any, runtime: RuntimeSpec, task: Item, seed_offset: int = 0) -> Any:
     """The 8-bit pixels of the task's image, or of all its video frames (int16), or None when
     the task itself fails (its input image is missing): then there is nothing to compare."""
-    from .pipeline import render
-
     steps = min(CANARY_STEPS, runtime.spec.generation.steps)
     output = render(pipe, runtime, [task], steps=steps, seed_offset=seed_offset)[0]
     return None if output is None else output.pixels()
 
 
-def reference(pipe: Any, runtime: RuntimeSpec, task: Item, world: World) -> Any:
+def reference(pipe: Any, runtime: RuntimeSpec, task: Item, world: DistributedWorld) -> Any:
     """The single-rank render (the group's first rank only; None elsewhere)."""
     if world.layout.group_rank != 0:
         return None
@@ -70,10 +69,10 @@ def verdict(ref: Any, got: Any, layout: str) -> str | None:
             f"layout {layout})")
 
 
-def check(pipe: Any, runtime: RuntimeSpec, task: Item, world: World, ref: Any,
+def check(pipe: Any, runtime: RuntimeSpec, task: Item, world: DistributedWorld, ref: Any,
           layout: str) -> None:
     """Render in the parallel layout (every rank), compare on first ranks, agree everywhere."""
-    broken = os.environ.get(MURALIST_TEST_BREAK_CP) == "1" and world.layout.group_rank == 1
+    broken = PodEnv.from_environ().faults.break_cp and world.layout.group_rank == 1
     got = _render(pipe, runtime, task, seed_offset=1 if broken else 0)
     mine = None
     if world.layout.group_rank == 0 and (ref is None or got is None):

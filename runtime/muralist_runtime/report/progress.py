@@ -33,9 +33,10 @@ from pathlib import Path
 
 from muralist_api import contract
 from muralist_api.contract import PROGRESS_LINE_PREFIX, Counts
+from muralist_api.contract.env import PodEnv
 from muralist_api.contract.progress import DEFAULT_POST_INTERVAL_SECONDS, ProgressReport
 
-from . import temps
+from ..outputs import temps
 
 log = logging.getLogger("muralist.progress")
 
@@ -76,8 +77,7 @@ class RankState:
 
 
 def progress_dir(env: dict[str, str] | None = None) -> Path:
-    env = dict(os.environ) if env is None else env
-    return Path(env.get(contract.MURALIST_PROGRESS_DIR) or DEFAULT_PROGRESS_DIR)
+    return Path(PodEnv.from_environ(env).progress_dir or DEFAULT_PROGRESS_DIR)
 
 
 class RankFile:
@@ -211,15 +211,12 @@ class Target:
 
 def target_from_env(env: dict[str, str] | None = None) -> Target | None:
     """The operator's progress endpoint, as the pod contract gives it; None outside a pod."""
-    env = dict(os.environ) if env is None else env
-    url = env.get(contract.MURALIST_PROGRESS_URL)
-    if not url:
+    pod = PodEnv.from_environ(env)
+    if not pod.progress_url:
         return None
-    return Target(url=url, token_file=env.get(contract.MURALIST_PROGRESS_TOKEN) or contract.PROGRESS_TOKEN_FILE,
-                  ca_file=env.get(contract.MURALIST_PROGRESS_CA) or None,
-                  pod=env.get(contract.MURALIST_POD_NAME) or os.uname().nodename,
-                  index=int(env.get(contract.MURALIST_POD_INDEX, "0") or 0),
-                  attempt=int(env.get(contract.MURALIST_ATTEMPT, "0") or 0))
+    return Target(url=pod.progress_url, token_file=pod.progress_token or contract.PROGRESS_TOKEN_FILE,
+                  ca_file=pod.progress_ca, pod=pod.pod_name or os.uname().nodename, index=pod.pod_index,
+                  attempt=pod.attempt)
 
 
 class PodReporter:
@@ -245,7 +242,8 @@ class PodReporter:
             return None
         return ProgressReport(pod=self.target.pod, index=self.target.index, attempt=self.target.attempt,
                               ranks=pod.ranks, **asdict(pod.counts), last_step_time=moment(pod.last_step_time),
-                              last_image_time=moment(pod.last_image_time), sent_at=moment(now_iso()),
+                              last_image_time=moment(pod.last_image_time),
+                              sent_at=datetime.datetime.now(datetime.UTC).replace(microsecond=0),
                               final=final, finished=pod.done)
 
     def _connection(self) -> http.client.HTTPConnection:
@@ -313,7 +311,7 @@ class PodReporter:
 # -- the per-rank front end ------------------------------------------------------------------
 
 
-class Progress:
+class RankProgress:
     """What main.py talks to: counts, JSON lines and the rank file together."""
 
     def __init__(self, rank: int, job_total: int, writes: bool, local: bool, rank_file: RankFile | None = None):

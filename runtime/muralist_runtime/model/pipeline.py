@@ -16,23 +16,29 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from muralist_api import contract
 from muralist_api.contract import PermanentFailure
+from muralist_api.contract.env import PodEnv
 from muralist_api.items import Item
 from muralist_api.rules.catalog import TINY_MODEL_NAMES
+from muralist_api.rules.workloads import IMAGE_FORMATS, VIDEO_FORMATS
 from muralist_api.runtime_spec import RuntimeSpec
 
+from ..outputs.layouts import RenderedOutput
+from ..outputs.media import frames_to_uint8
+from ..testing.faults import nan_rows
 from . import hub
+from .inputs import InputError, load_inputs
+from .tiny import build_tiny
 
 log = logging.getLogger("muralist.pipeline")
 
 
 def tiny_cache_dir(name: str) -> Path:
     """Where a built-in tiny model is built: MURALIST_CACHE, else under HF_HOME, else ~/.cache."""
-    base = os.environ.get(contract.MURALIST_CACHE)
+    env = PodEnv.from_environ()
+    base = env.cache_dir
     if base is None:
-        hf_home = os.environ.get("HF_HOME")
-        base = os.path.join(hf_home, "muralist") if hf_home else os.path.expanduser(
+        base = os.path.join(env.hf_home, "muralist") if env.hf_home else os.path.expanduser(
             "~/.cache/muralist/models")
     return Path(base) / name.replace("/", "--")
 
@@ -49,8 +55,6 @@ def resolve_model(runtime: RuntimeSpec) -> tuple[str, str | None]:
     if runtime.model_path:
         return runtime.model_path, None
     if model.name in TINY_MODEL_NAMES:
-        from .tiny import build_tiny
-
         return str(build_tiny(model.name, tiny_cache_dir(model.name))), None
     if model.name.startswith("/") and not Path(model.name).is_dir():
         raise PermanentFailure("spec.model.name", f"{model.name} is not a directory in the pod")
@@ -113,8 +117,6 @@ def check_call(pipe: Any, spec: Any) -> None:
 
     Admission checks the pipelines it knows by name; this checks the loaded one, whatever it is.
     """
-    from muralist_api.rules.workloads import IMAGE_FORMATS, VIDEO_FORMATS
-
     accepted = call_parameters(pipe)
     name = type(pipe).__name__
     dataset = spec.dataset is not None
@@ -222,23 +224,21 @@ def step_callback(pipe: Any, on_step: StepHook | None) -> dict[str, Any]:
 def render(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item],
            on_step: StepHook | None = None, steps: int | None = None,
            seed_offset: int = 0) -> list[Any]:
-    """Each item's outputs.Output, or None where it failed (the canary and the warm-up use this)."""
+    """Each item's layouts.RenderedOutput, or None where it failed (the canary and the warm-up use this)."""
     return [output for output, _ in render_checked(pipe, runtime, batch, on_step, steps, seed_offset)]
 
 
-Checked = tuple[Any, str | None]  # (outputs.Output, None), or (None, why the item failed)
+Checked = tuple[Any, str | None]  # (layouts.RenderedOutput, None), or (None, why the item failed)
 
 
 def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_step: StepHook | None = None,
                    steps: int | None = None, seed_offset: int = 0) -> list[Checked]:
-    """Render a batch: each item's (outputs.Output, None), or (None, why it cannot be used).
+    """Render a batch: each item's (layouts.RenderedOutput, None), or (None, why it cannot be used).
 
     An item fails on its own when its inputs cannot be read (inputs.InputError, naming the
     field and the path) or its output has NaN values. Items of different strengths, or with
     and without inputs, go in separate calls (a pipeline takes one strength per call).
     """
-    from .inputs import InputError, load_inputs
-
     loaded: dict[str, dict[str, Any]] = {}
     results: dict[str, Checked] = {}
     needs = needs_image(pipe)
@@ -282,10 +282,6 @@ def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequen
     import numpy as np
     import torch
 
-    from .knobs import nan_rows
-    from .media import frames_to_uint8
-    from .outputs import Output
-
     kwargs = call_kwargs(pipe, runtime, batch, steps, seed_offset, inputs)
     kwargs.update(step_callback(pipe, on_step))
     as_numpy = "output_type" in call_parameters(pipe)
@@ -296,7 +292,7 @@ def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequen
         result = pipe(**kwargs)
     arrays = result.frames if video else result.images
     if not as_numpy:
-        return [(Output(frames=frames_to_uint8(a)) if video else Output(image=a), None) for a in arrays]
+        return [(RenderedOutput(frames=frames_to_uint8(a)) if video else RenderedOutput(image=a), None) for a in arrays]
     poisoned = nan_rows()
     out: list[Checked] = []
     for item, array, given in zip(batch, arrays, inputs, strict=True):
@@ -305,9 +301,9 @@ def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequen
         if not np.isfinite(array).all():
             out.append((None, "the output has NaN or infinite values (the sampler diverged)"))
         elif video:
-            out.append((Output(frames=frames_to_uint8(array), inputs=given), None))
+            out.append((RenderedOutput(frames=frames_to_uint8(array), inputs=given), None))
         else:
-            out.append((Output(image=pipe.numpy_to_pil(array[None])[0], inputs=given), None))
+            out.append((RenderedOutput(image=pipe.numpy_to_pil(array[None])[0], inputs=given), None))
     return out
 
 

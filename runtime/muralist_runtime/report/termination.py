@@ -9,12 +9,13 @@ import os
 from pathlib import Path
 
 from muralist_api import contract
+from muralist_api.contract.env import PodEnv
 
 log = logging.getLogger("muralist.progress")
 
 
 def termination_log_path() -> Path | None:
-    override = os.environ.get(contract.MURALIST_TERMINATION_LOG)
+    override = PodEnv.from_environ().termination_log
     if override:
         return Path(override)
     path = Path(contract.TERMINATION_LOG)

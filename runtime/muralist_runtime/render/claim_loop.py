@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from muralist_api.items import Item
+
+from ..model import pipeline
+from ..outputs import writer
+from ..outputs.layouts import RenderedOutput, failed_entry, part_path, read_part, write_part
+from ..testing import faults
+from ..work import chunks, item_failures, rows
+from ..work.item_failures import NAMED, describe_item
+from .state import Job, NotSetUp, RunState
 
 log = logging.getLogger("muralist")
 
@@ -26,81 +36,65 @@ class ChunkRun:
     chunk: int
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)  # keys submitted to the writer threads, in order
-    done: dict[str, Any] = field(default_factory=dict)  # written by the threads, not yet added
+    done: dict[str, writer.Written] = field(default_factory=dict)  # written by the threads, not yet added
 
 
-def chunk_stream(job: Any, state: Any) -> Any:
+def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
     """(chunk, sweeping) for this group, decided by its first rank and shared with the group."""
-    from . import knobs, work
-
     world = state.world
     layout = world.layout
     own = None
     if layout.writes_images:
-        if knobs.static_plan():
-            own = work.static_chunks(job.work, layout.group_index, layout.dp_degree)
+        if faults.static_plan():
+            own = chunks.static_chunks(job.work, layout.group_index, layout.dp_degree)
         else:
-            own = work.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
+            own = chunks.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
                                       _tally(job, state))
     while True:
         try:
             step = next(own, None) if own is not None else None
-        except work.NothingLeft:
+        except chunks.NothingLeft:
             # The rest of the group waits in the share below: it must end the same way, not see
             # its first rank leave in the middle of a collective.
-            world.share_in_group(work.NOTHING_LEFT)
+            world.share_in_group(chunks.NOTHING_LEFT)
             raise
         step = world.share_in_group(step)
         if step is None:
             return
-        if step == work.NOTHING_LEFT:
-            raise work.NothingLeft("the group's first rank found the job merged and its first pod gone")
+        if step == chunks.NOTHING_LEFT:
+            raise chunks.NothingLeft("the group's first rank found the job merged and its first pod gone")
         yield step
 
 
-def _finished(job: Any, chunk: int) -> bool:
-    from pathlib import Path
-
-    from .outputs import part_path
-
+def _finished(job: Job, chunk: int) -> bool:
     return part_path(Path(job.runtime.output_dir), chunk).is_file()
 
 
-def _failed_in(job: Any, chunk: int) -> int:
+def _failed_in(job: Job, chunk: int) -> int:
     return _part_counts(job, chunk)[1]
 
 
-def _part_counts(job: Any, chunk: int) -> tuple[int, int, list[str]]:
-    """A finished chunk's work.ChunkCounts, from its part file."""
-    from pathlib import Path
-
-    from .outputs import read_part
-
+def _part_counts(job: Job, chunk: int) -> tuple[int, int, list[str]]:
+    """A finished chunk's chunks.ChunkCounts, from its part file."""
     return _counts(read_part(Path(job.runtime.output_dir), chunk) or [])
 
 
 def _counts(entries: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
-    """Completed items, failed items, and the first failed ones described (work.ChunkCounts)."""
-    from .item_failures import NAMED, describe_item
-
+    """Completed items, failed items, and the first failed ones described (chunks.ChunkCounts)."""
     failed = [e for e in entries if e.get("status") == "failed"]
     return len(entries) - len(failed), len(failed), [describe_item(e.get("key", "?"), e.get("id"), e.get("error"))
                                                      for e in failed[:NAMED]]
 
 
-def _tally(job: Any, state: Any) -> Any:
-    from . import work
-
-    return work.Tally(state.claims, lambda c: _part_counts(job, c))
+def _tally(job: Job, state: RunState) -> chunks.Tally:
+    return chunks.Tally(state.claims, lambda c: _part_counts(job, c))
 
 
-def generate(job: Any, pipe: Any, state: Any) -> None:
-    from . import writer as writermod
-
+def generate(job: Job, pipe: Any, state: RunState) -> None:
     layout = state.world.layout
     start = time.perf_counter()
     if layout.writes_images:
-        state.background = writermod.BackgroundWriter(state.layout.write)
+        state.background = writer.BackgroundWriter(state.layout.write)
     rendered = 0
     for chunk, sweeping in chunk_stream(job, state):
         rendered += run_chunk(job, pipe, state, chunk, sweeping)
@@ -111,10 +105,15 @@ def generate(job: Any, pipe: Any, state: Any) -> None:
              state.timings["loadSeconds"])
 
 
-def _todo(job: Any, state: Any, chunk: int, sweeping: bool) -> tuple[list[Item], ChunkRun | None]:
-    """The chunk's items left to render (shared by the group), and the writer's bookkeeping."""
-    from . import rows
+def _threads(state: RunState) -> writer.BackgroundWriter:
+    """A writing rank's writer threads (generate starts them before its first chunk)."""
+    if state.background is None:
+        raise NotSetUp("RunState.background is read before generate starts it")
+    return state.background
 
+
+def _todo(job: Job, state: RunState, chunk: int, sweeping: bool) -> tuple[list[Item], ChunkRun | None]:
+    """The chunk's items left to render (shared by the group), and the writer's bookkeeping."""
     begin, end = job.work.bounds(chunk)
     run = None
     todo: list[Item] | None = None
@@ -130,18 +129,15 @@ def _todo(job: Any, state: Any, chunk: int, sweeping: bool) -> tuple[list[Item],
     return state.world.share_in_group(todo), run
 
 
-def run_chunk(job: Any, pipe: Any, state: Any, chunk: int, sweeping: bool) -> int:
-    from . import knobs
-    from .outputs import failed_entry
-
+def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool) -> int:
     finished = state.world.share_in_group(
-        _finished(job, chunk) and _failed_in(job, chunk) == 0 if state.layout is not None else None)
+        _finished(job, chunk) and _failed_in(job, chunk) == 0 if state.writes else None)
     if finished:  # done whole by an earlier attempt: count it, render nothing
-        if state.layout is not None:
+        if state.writes:
             _tally(job, state).count(chunk)
         return 0
     todo, run = _todo(job, state, chunk, sweeping)
-    test = knobs.TestKnobs.from_env()
+    test = faults.TestKnobs.from_env()
     rendered = 0
     for batch in _batches(todo, job.runtime.spec.generation.batch_size):
         if sweeping:  # a duplicate may have finished some meanwhile
@@ -154,11 +150,11 @@ def run_chunk(job: Any, pipe: Any, state: Any, chunk: int, sweeping: bool) -> in
                 run.entries[item.key] = failed_entry(job.runtime, item, state.world.layout.rank, reason)
                 state.progress.item_done(item.key, "failed", 0.0)
                 continue
-            state.background.submit(chunk, item, image, seconds)
+            _threads(state).submit(chunk, item, image, seconds)
             run.order.append(item.key)
             rendered += 1
             if test.active:
-                state.background.wait_idle()
+                _threads(state).wait_idle()
             _add_written(state, run, test)
     if run is not None:
         _end_chunk(job, state, run, test)
@@ -169,18 +165,16 @@ def _batches(items: list[Item], size: int) -> list[list[Item]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-Rendered = tuple[Item, Any, str | None, float]
+Rendered = tuple[Item, RenderedOutput | None, str | None, float]
 
 
-def render_items(job: Any, pipe: Any, state: Any, batch: list[Item]) -> list[Rendered]:
+def render_items(job: Job, pipe: Any, state: RunState, batch: list[Item]) -> list[Rendered]:
     """(item, image, None, seconds) per rendered item, (item, None, reason, 0) per failed one."""
-    from . import knobs, pipeline
-
     if not batch:
         return []
     failed: list[Rendered] = [(i, None, i.error, 0.0) for i in batch if i.error]
     batch = [i for i in batch if not i.error]
-    slow = knobs.step_sleep(state.world.layout.rank)
+    slow = faults.step_sleep(state.world.layout.rank)
 
     def on_step() -> None:
         state.progress.step_done()
@@ -216,9 +210,9 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _add_written(state: Any, run: ChunkRun, test: Any) -> None:
+def _add_written(state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None:
     """Add what the writer threads finished, in submission order (a shard's members are)."""
-    for written in state.background.completed():
+    for written in _threads(state).completed():
         run.done[written.item.key] = written
     while run.order and run.order[0] in run.done:
         written = run.done.pop(run.order.pop(0))
@@ -228,11 +222,8 @@ def _add_written(state: Any, run: ChunkRun, test: Any) -> None:
         test.image_written(state.world.layout.rank)
 
 
-def _end_chunk(job: Any, state: Any, run: ChunkRun, test: Any) -> None:
-    from . import item_failures
-    from .outputs import write_part
-
-    state.background.wait_idle()
+def _end_chunk(job: Job, state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None:
+    _threads(state).wait_idle()
     _add_written(state, run, test)
     assert not run.order, f"chunk {run.chunk}: {len(run.order)} items written but not added"
     state.layout.end_chunk(run.chunk)

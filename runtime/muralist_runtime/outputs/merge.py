@@ -14,10 +14,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from ..work.item_failures import NAMED, describe_item
 from . import shards, temps
-from .outputs import read_part
-
-INDEX_COLUMNS = ("index", "id", "key", "prompt", "seed", "shard", "status", "seconds", "error")
+from .gallery import write_gallery
+from .layouts import read_part
 
 
 def entries(root: Path, chunks: int) -> Iterator[dict[str, Any]]:
@@ -27,8 +27,6 @@ def entries(root: Path, chunks: int) -> Iterator[dict[str, Any]]:
 
 def first_failed(root: Path, chunks: int) -> list[str]:
     """The first failed items in item order, described (item_failures.NAMED of them)."""
-    from .item_failures import NAMED, describe_item
-
     failed = (e for e in entries(root, chunks) if e.get("status") == "failed")
     return [describe_item(e.get("key", "?"), e.get("id"), e.get("error")) for e in islice(failed, NAMED)]
 
@@ -50,8 +48,6 @@ def index_row(entry: dict[str, Any]) -> dict[str, Any]:
 
 def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str, Any]) -> dict[str, int]:
     """manifest.jsonl + index.parquet + the gallery; returns the counts by status."""
-    from .gallery import write_gallery
-
     counts: dict[str, int] = {}
     manifest = root / "manifest.jsonl"
     tmp = temps.opened(temps.temp_path(manifest))

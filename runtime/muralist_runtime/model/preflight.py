@@ -21,7 +21,6 @@ import functools
 import inspect
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ from muralist_api.rules.sequence import (
     token_frames,
     vae_scales,
 )
+
+from . import hub
 
 log = logging.getLogger("muralist")
 
@@ -62,7 +63,7 @@ def read_json(source: str, filename: str, subfolder: str = "", revision: str | N
 
         try:
             path = Path(hf_hub_download(source, filename, subfolder=subfolder or None, revision=revision,
-                                        token=os.environ.get("HF_TOKEN") or None))
+                                        token=hub.token()))
         except EntryNotFoundError as e:
             if isinstance(e, LocalEntryNotFoundError):  # not cached, and the hub not reachable
                 raise ConfigUnreadable(f"{name}: {_error(e)}") from e

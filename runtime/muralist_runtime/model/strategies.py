@@ -27,7 +27,8 @@ from muralist_api.job import ContextParallelSpec, DiffusionJobSpec, Strategy, Te
 from muralist_api.rules import catalog
 from muralist_api.rules.catalog import CP_FIELD, TP_FIELD, Problem
 
-from .world import World
+from ..world.distributed import DistributedWorld
+from .preflight import check_context_parallel
 
 log = logging.getLogger("muralist")
 
@@ -61,9 +62,9 @@ class ParallelStrategy(Protocol):
 
     def check_model(self, pipe: Any, plan: Plan) -> None: ...
 
-    def place(self, pipe: Any, plan: Plan, world: World) -> Any: ...
+    def place(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any: ...
 
-    def parallelize(self, pipe: Any, plan: Plan, world: World) -> Any: ...
+    def parallelize(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any: ...
 
 
 def raise_first(problems: list[Problem]) -> None:
@@ -127,10 +128,10 @@ class DataParallel:
     def check_model(self, pipe: Any, plan: Plan) -> None:
         return None
 
-    def place(self, pipe: Any, plan: Plan, world: World) -> Any:
+    def place(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any:
         return pipe.to(world.device)
 
-    def parallelize(self, pipe: Any, plan: Plan, world: World) -> Any:
+    def parallelize(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any:
         return pipe
 
 
@@ -152,11 +153,11 @@ class DeviceMap:
     def check_model(self, pipe: Any, plan: Plan) -> None:
         return None
 
-    def place(self, pipe: Any, plan: Plan, world: World) -> Any:
+    def place(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any:
         # A mapped pipeline refuses `.to()`; an unmapped one (CPU) already sits on the CPU.
         return pipe
 
-    def parallelize(self, pipe: Any, plan: Plan, world: World) -> Any:
+    def parallelize(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any:
         return pipe
 
 
@@ -166,8 +167,6 @@ class ContextParallel:
     name: ClassVar[str] = Strategy.CONTEXT_PARALLEL.value
 
     def plan(self, spec: DiffusionJobSpec, source: str, revision: str | None, gpu: bool) -> Plan:
-        from .preflight import check_context_parallel
-
         par, gen = spec.parallelism, spec.generation
         cp = par.context_parallel or ContextParallelSpec()
         raise_first(catalog.context_parallel_problems(cp.ring_degree, cp.ulysses_degree, cp.attention_backend,
@@ -184,12 +183,12 @@ class ContextParallel:
     def check_model(self, pipe: Any, plan: Plan) -> None:
         _check_transformer(pipe, self.name, "_cp_plan", plan.ulysses, f"{CP_FIELD}.ulyssesDegree")
 
-    def place(self, pipe: Any, plan: Plan, world: World) -> Any:
+    def place(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any:
         pipe = pipe.to(world.device)
         pipe.transformer.set_attention_backend(plan.attention_backend)
         return pipe
 
-    def parallelize(self, pipe: Any, plan: Plan, world: World) -> Any:
+    def parallelize(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any:
         from diffusers import ContextParallelConfig
 
         # A (dp, ring, ulysses) mesh, so several CP groups coexist in one world; diffusers gets
@@ -218,10 +217,10 @@ class TensorParallel:
     def check_model(self, pipe: Any, plan: Plan) -> None:
         _check_transformer(pipe, self.name, "_tp_plan", plan.tp_degree, f"{TP_FIELD}.degree")
 
-    def place(self, pipe: Any, plan: Plan, world: World) -> Any:
+    def place(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any:
         return pipe.to(world.device)
 
-    def parallelize(self, pipe: Any, plan: Plan, world: World) -> Any:
+    def parallelize(self, pipe: Any, plan: Plan, world: DistributedWorld) -> Any:
         from diffusers import TensorParallelConfig
 
         mesh = world.mesh((world.layout.pg_groups, plan.tp_degree), ("dp", "tp"))

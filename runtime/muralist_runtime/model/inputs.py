@@ -22,7 +22,6 @@ from muralist_api.runtime_spec import RuntimeSpec
 
 FIELDS = ("image", "mask")  # Item fields, and their names in the spec
 MODES = {"image": "RGB", "mask": "L"}
-THUMBNAIL_SIDE = 256  # the gallery's input thumbnails: at most this many pixels a side
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -101,12 +100,3 @@ def missing_inline_inputs(runtime: RuntimeSpec) -> list[str]:
             if not path.is_file():
                 problems.append(f"{where}: {value!r} not found in spec.inputs.volume ({runtime.inputs_dir})")
     return problems
-
-
-def thumbnail_jpeg(image: Any) -> bytes:
-    """A small JPEG of an input (the gallery shows it beside the output); deterministic bytes."""
-    small = image.copy()
-    small.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
-    buffer = io.BytesIO()
-    small.convert("L" if small.mode == "L" else "RGB").save(buffer, format="JPEG", quality=85)
-    return buffer.getvalue()

@@ -35,6 +35,7 @@ from muralist_api.runtime_spec import RuntimeSpec
 
 from . import media, shards, temps
 from .gallery import GALLERY_DIR
+from .thumbnails import thumbnail_jpeg
 from .writer import atomic_write_bytes, atomic_write_text
 
 PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
@@ -46,7 +47,7 @@ PARTS = "parts"
 
 
 @dataclass
-class Output:
+class RenderedOutput:
     """One item's result on its way to the writer threads: an image or a video, and its inputs."""
 
     image: Any = None  # a PIL image (image pipelines)
@@ -172,7 +173,8 @@ def metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float) -> dic
     return meta
 
 
-def output_metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float, output: Output) -> dict[str, Any]:
+def output_metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float,
+                    output: RenderedOutput) -> dict[str, Any]:
     """`metadata`, and for a video its kind, frame count, fps and encoding (media.video_info)."""
     meta = metadata(runtime, item, rank, seconds)
     if output.is_video:
@@ -181,7 +183,7 @@ def output_metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float,
     return meta
 
 
-def encode_output(output: Output, runtime: RuntimeSpec, meta: dict[str, Any]) -> bytes:
+def encode_output(output: RenderedOutput, runtime: RuntimeSpec, meta: dict[str, Any]) -> bytes:
     fmt = runtime.spec.output.format
     if output.is_video:
         return media.encode_video(output.frames, runtime.spec.generation.fps, fmt)
@@ -257,10 +259,8 @@ class FilesLayout:
     def begin_chunk(self, chunk: int, kept: dict[str, dict[str, Any]]) -> None:
         return None
 
-    def write(self, chunk: int, item: Item, output: Output, seconds: float) -> dict[str, Any]:
+    def write(self, chunk: int, item: Item, output: RenderedOutput, seconds: float) -> dict[str, Any]:
         """On a writer thread: metadata first, then the gallery's stills, the output last, each atomically."""
-        from .inputs import thumbnail_jpeg
-
         meta = output_metadata(self.runtime, item, self.rank, seconds, output)
         meta["file"] = f"images/{item.key}.{self.ext}"
         stills: dict[str, Any] = {}
@@ -282,9 +282,6 @@ class FilesLayout:
         return result  # already on disk
 
     def end_chunk(self, chunk: int) -> None:
-        return None
-
-    def abort_chunk(self, chunk: int) -> None:
         return None
 
 
@@ -327,7 +324,7 @@ class WebDatasetLayout:
             writer.add(key, members)
         self._open[chunk] = writer
 
-    def write(self, chunk: int, item: Item, output: Output,
+    def write(self, chunk: int, item: Item, output: RenderedOutput,
               seconds: float) -> tuple[dict[str, Any], dict[str, bytes]]:
         """On a writer thread: encode only; `add` puts the members in the shard, in order."""
         meta = output_metadata(self.runtime, item, self.rank, seconds, output)
@@ -343,11 +340,6 @@ class WebDatasetLayout:
 
     def end_chunk(self, chunk: int) -> None:
         self._open.pop(chunk).close()
-
-    def abort_chunk(self, chunk: int) -> None:
-        writer = self._open.pop(chunk, None)
-        if writer is not None:
-            writer.abort()
 
 
 def layout_for(runtime: RuntimeSpec, rank: int) -> FilesLayout | WebDatasetLayout:

@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 
 from muralist_api import contract
+from muralist_api.contract.env import PodEnv
 
 log = logging.getLogger("muralist")
 
@@ -39,11 +40,8 @@ class TestKnobs:
 
     @classmethod
     def from_env(cls) -> TestKnobs:
-        def num(name: str) -> int:
-            return int(os.environ.get(name, "0") or 0)
-
-        return cls(num(contract.MURALIST_TEST_EXIT_AFTER), num(contract.MURALIST_TEST_EXIT_RANK),
-                   num(contract.MURALIST_TEST_HANG_AFTER), num(contract.MURALIST_TEST_HANG_RANK))
+        faults = PodEnv.from_environ().faults
+        return cls(faults.exit_after, faults.exit_rank, faults.hang_after, faults.hang_rank)
 
     @property
     def active(self) -> bool:
@@ -59,16 +57,14 @@ class TestKnobs:
 
 
 def nan_rows() -> frozenset[int]:
-    raw = os.environ.get(contract.MURALIST_TEST_NAN_ROWS, "")
-    return frozenset(int(x) for x in raw.split(",") if x.strip())
+    return PodEnv.from_environ().faults.nan_rows
 
 
 def step_sleep(rank: int) -> float:
     """Seconds the slow rank sleeps after each step (0 for every other rank)."""
-    seconds = float(os.environ.get(contract.MURALIST_TEST_STEP_SLEEP, "0") or 0)
-    slow = int(os.environ.get(contract.MURALIST_TEST_SLOW_RANK, "-1") or -1)
-    return seconds if rank == slow else 0.0
+    faults = PodEnv.from_environ().faults
+    return faults.step_sleep if rank == faults.slow_rank else 0.0
 
 
 def static_plan() -> bool:
-    return os.environ.get(contract.MURALIST_TEST_STATIC_PLAN) == "1"
+    return PodEnv.from_environ().faults.static_plan

@@ -1,4 +1,4 @@
-"""When failed items fail the job: three rules, as pure functions (generate.py and main.py apply them).
+"""When failed items fail the job: three rules, as pure functions (render/claim_loop.py and main.py apply them).
 
 An item fails on its own (a row that cannot be read, an input that cannot be read, an output
 with NaN values, an out-of-memory error of one item) and the job goes on, within these rules:
@@ -48,7 +48,7 @@ class JobTally:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FailureVerdict:
     field: str
     message: str
 
@@ -66,28 +66,28 @@ def systematic(t: JobTally) -> bool:
     return t.completed == 0 and t.chunks >= EARLY_FAILED_CHUNKS and t.failed >= EARLY_FAILED_ITEMS
 
 
-def chunk_verdict(t: JobTally, policy: RunPolicy, total: int) -> Verdict | None:
+def chunk_verdict(t: JobTally, policy: RunPolicy, total: int) -> FailureVerdict | None:
     """Rules 2 and 1, when a chunk ends; None: the job goes on."""
     if systematic(t):
-        return Verdict(ITEMS_FIELD, f"no item completed: the first {t.chunks} chunks ({t.failed} items) all failed, "
-                       "a systematic failure that the rest would share")
+        return FailureVerdict(ITEMS_FIELD, f"no item completed: the first {t.chunks} chunks ({t.failed} items) all "
+                              "failed, a systematic failure that the rest would share")
     limit = policy.failed_items_limit(total)
     if t.failed > limit:
         value = policy.max_failed_items
         share = f" ({value} of {total} items{', the default' if value == DEFAULT_MAX_FAILED_ITEMS else ''})" \
             if isinstance(value, str) else ""
-        return Verdict(LIMIT_FIELD, f"{t.failed} items failed, more than the {limit} allowed{share}")
+        return FailureVerdict(LIMIT_FIELD, f"{t.failed} items failed, more than the {limit} allowed{share}")
     return None
 
 
-def merge_verdict(completed: int, failed: int) -> Verdict | None:
+def merge_verdict(completed: int, failed: int) -> FailureVerdict | None:
     """Rule 3, once every chunk is finished."""
     if failed and not completed:
-        return Verdict(ITEMS_FIELD, f"every item failed ({failed}), none completed")
+        return FailureVerdict(ITEMS_FIELD, f"every item failed ({failed}), none completed")
     return None
 
 
-def failure(verdict: Verdict, first_failed: Iterable[str]) -> PermanentFailure:
+def failure(verdict: FailureVerdict, first_failed: Iterable[str]) -> PermanentFailure:
     """The job's failure: the verdict, then the first failed items (describe_item lines)."""
     named = "; ".join(list(first_failed)[:NAMED])
     return PermanentFailure(verdict.field, f"{verdict.message}; first failed: {named or '-'}")

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from muralist_api import contract
+from muralist_api.contract.env import PodEnv
 from muralist_api.job import DiffusionJobSpec
 
 from . import item_failures
@@ -104,8 +104,7 @@ def merge_wait_bound(plan: WorkPlan, floor: float, slowest_item_seconds: float) 
 
 
 def claims_address(env: dict[str, str] | None = None) -> tuple[str, int]:
-    env = dict(os.environ) if env is None else env
-    value = env.get(contract.MURALIST_CLAIMS_ADDR) or f"127.0.0.1:{contract.CLAIMS_PORT}"
+    value = PodEnv.from_environ(env).claims_addr or f"127.0.0.1:{contract.CLAIMS_PORT}"
     host, _, port = value.rpartition(":")
     return host or "127.0.0.1", int(port)
 
@@ -174,7 +173,7 @@ class Tally:
         """The first failed items counted in this store's life, described (at most NAMED)."""
         return [line for line in self.client.text("failures").splitlines() if line][:item_failures.NAMED]
 
-    def wait_all(self, chunks: int, on_wait: Callable[[int], None] | None = None, bound: float | None = None,
+    def wait_all(self, chunks: int, on_wait: Callable[[int], object] | None = None, bound: float | None = None,
                  holder: Callable[[int], str] = lambda group: f"group {group}",
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         """Until every chunk of the job is finished (the first pod's merge waits for the others);

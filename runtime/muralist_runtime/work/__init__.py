@@ -1,0 +1,2 @@
+"""The work of a pod's run: the job's rows (sources/, rows), cut into chunks that groups claim
+from a shared counter (chunks, claims), and the rules by which failed items fail the job (item_failures)."""
