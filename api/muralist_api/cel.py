@@ -8,7 +8,7 @@ jobset puts `XValidation` markers on its types; `muralist crd` collects them int
 Each CEL rule names the Python rule it mirrors (`mirrors`), so admission by the API server and
 validation by `muralist validate`, the operator and the runtime say the same thing. Each
 Python rule is marked with `python_rule`, which says why it has no CEL form
-when it has none; tests/unit/test_cel_rules.py checks both directions.
+when it has none; tests/unit/api/test_cel_rules.py checks both directions.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from muralist_api.job import GROUP, PLURAL, VERSION
 from tests.builders import make_job
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
 from tests.operator_helpers import DJ, pod_index
-from tests.unit.invalid_cases import INVALID_CASES
+from tests.unit.api.rules.invalid_cases import INVALID_CASES
 
 pytestmark = pytest.mark.cluster
 

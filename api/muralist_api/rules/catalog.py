@@ -4,7 +4,7 @@ Admission (`problems.spec_problems`, so `muralist validate`, the operator and th
 messages) and the runtime (the strategies, on the machine) check a layout with the same
 functions and the same tables, so they cannot disagree: a layout admission accepts fails in
 a pod only for what admission cannot know (the model's own config, the GPUs really there).
-The tables are checked against the installed diffusers by tests/unit/test_catalog.py.
+The tables are checked against the installed diffusers by tests/unit/api/rules/test_catalog.py.
 
 Each rule returns problems as (field path, message with the fix); empty means fine.
 """

@@ -1,7 +1,7 @@
 """The rules catalog, continued: workloads. Video families, pipelines that take input images,
 schedulers and step caches, as far as admission can know them without loading anything.
 
-Checked against the installed diffusers by tests/unit/test_catalog.py (class names, config
+Checked against the installed diffusers by tests/unit/api/rules/test_catalog.py (class names, config
 fields, a cache's options); the runtime checks what only the loaded model can tell.
 """
 
@@ -112,7 +112,7 @@ def input_problems(pipeline: str | None, uses: set[str], field_name: str) -> lis
 
 # -- schedulers --------------------------------------------------------------------------------
 
-# Every scheduler class of diffusers 0.42.1 (tests/unit/test_catalog.py compares).
+# Every scheduler class of diffusers 0.42.1 (tests/unit/api/rules/test_catalog.py compares).
 SCHEDULERS = frozenset({
     "AmusedScheduler", "BlockRefinementScheduler", "CMStochasticIterativeScheduler", "CogVideoXDDIMScheduler",
     "CogVideoXDPMScheduler", "CosineDPMSolverMultistepScheduler", "DDIMInverseScheduler", "DDIMParallelScheduler",

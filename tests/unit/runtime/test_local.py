@@ -13,7 +13,7 @@ from muralist_api.rules.problems import ValidationProblem
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import local
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 
 def args(manifest: Path, **kw) -> argparse.Namespace:

@@ -10,9 +10,9 @@ import yaml
 from muralist_cli import main
 
 from tests.builders import make_job
-from tests.unit.invalid_cases import INVALID_CASES
+from tests.paths import REPO
+from tests.unit.api.rules.invalid_cases import INVALID_CASES
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 

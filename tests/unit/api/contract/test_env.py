@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from muralist_api import contract
 from muralist_api.contract.env import HF_TOKEN, PodEnv, TestFaults
 
-RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "muralist_runtime"
+from tests.paths import REPO
+
+RUNTIME = REPO / "runtime" / "muralist_runtime"
 
 
 def test_an_empty_environment_is_a_world_of_one_with_nothing_set() -> None:

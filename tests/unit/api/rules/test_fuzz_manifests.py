@@ -17,7 +17,6 @@ import re
 import reprlib
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,7 +31,8 @@ from muralist_operator.manifests import validate_files
 from muralist_operator.observe import Observed
 from muralist_operator.render import OperatorSettings, RenderError, render_children
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
+
 EXAMPLES: list[dict[str, Any]] = [
     doc for path in sorted((REPO / "examples").glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())
     if isinstance(doc, dict) and doc.get("kind") == "DiffusionJob"

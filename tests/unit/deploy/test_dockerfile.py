@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
+from tests.paths import REPO
+
 dockerfile_parse = pytest.importorskip("dockerfile_parse")
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass

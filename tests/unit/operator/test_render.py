@@ -329,7 +329,7 @@ def test_the_accelerate_launcher_runs_the_pods_own_world(tmp_path: Path, process
 
 
 def test_render_refuses_a_spec_too_large_for_its_config_map() -> None:
-    # Admission refuses such a job (tests/unit/test_catalog.py); render keeps its own guard for
+    # Admission refuses such a job (tests/unit/api/rules/test_catalog.py); render keeps its own guard for
     # a spec that did not come through admission.
     job = make_job().job()
     prompts = ["x" * 100] * (CONFIGMAP_MAX_BYTES // 100 + 10)

@@ -3,7 +3,6 @@ in, a table `{status=..., message=...}` out; and the kstatus reading of the oper
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,12 +11,13 @@ from muralist_operator.lifecycle import decide
 from muralist_operator.observe import Observed, Termination
 
 from tests.builders import make_job
+from tests.paths import REPO
 from tests.views import NOW, job_view
 from tests.views import pod as make_pod
 
 lupa = pytest.importorskip("lupa")
 
-HEALTH_LUA = Path(__file__).resolve().parents[2] / "deploy" / "argocd" / "health.lua"
+HEALTH_LUA = REPO / "deploy" / "argocd" / "health.lua"
 
 
 def argocd_health(obj: dict[str, Any]) -> dict[str, str]:

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from muralist_operator.crd import CEL_RULES, build_crd
 
-from tests.unit.invalid_cases import INVALID_CASES
+from tests.paths import REPO
+from tests.unit.api.rules.invalid_cases import INVALID_CASES
 
-REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "muralist.dev_diffusionjobs.yaml"
 
 

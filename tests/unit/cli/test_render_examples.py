@@ -4,7 +4,7 @@ A refactor must not change what the operator creates: the same manifest renders 
 objects, byte for byte. When a change is meant to alter them, regenerate the files and review
 the diff like any other change:
 
-    PYTHONPATH=api:cli:operator:runtime python -m tests.unit.test_render_examples
+    PYTHONPATH=api:cli:operator:runtime python -m tests.unit.cli.test_render_examples
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 from muralist_api import contract
 from muralist_cli import main as cli
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
+
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 RECORDED = REPO / "tests" / "fixtures" / "render"
 

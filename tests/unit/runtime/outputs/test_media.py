@@ -62,7 +62,8 @@ def test_same_frames_same_bytes_whatever_the_input_type(fmt: str, frames: np.nda
 def test_bytes_identical_in_another_process(frames: np.ndarray) -> None:
     # Another heap layout and hash seed: x264's mbtree made ~1% of encodes differ before it was
     # turned off (see media._X264_OPTIONS); a fresh process is where such leaks show.
-    code = ("import hashlib, sys; from muralist_runtime import media; from tests.unit.test_media import smooth_frames;"
+    code = ("import hashlib, sys; from muralist_runtime.outputs import media;"
+            "from tests.unit.runtime.outputs.test_media import smooth_frames;"
             "sys.stdout.write(hashlib.sha256(media.encode_video(smooth_frames(), 8, 'mp4')).hexdigest())")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert other.stdout == hashlib.sha256(media.encode_video(frames, FPS, "mp4")).hexdigest()

@@ -21,15 +21,17 @@ from muralist_runtime.outputs.writer import JobFile
 from muralist_runtime.work import chunks
 from muralist_runtime.work.rows import inline_rows, items_of
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
+from tests.paths import FIXTURES
+
+FORMATS = FIXTURES / "formats"
 
 
 def fixture(name: str, tmp_path: Path, job: str = "files", **output: object) -> RuntimeSpec:
     """A copy of a fixture's folder, and the runtime spec of its job writing there."""
     out = tmp_path / name
-    if (FIXTURES / name).is_dir():
-        shutil.copytree(FIXTURES / name, out)
-    spec = yaml.safe_load((FIXTURES / "jobs" / f"{job}.yaml").read_text())["spec"]
+    if (FORMATS / name).is_dir():
+        shutil.copytree(FORMATS / name, out)
+    spec = yaml.safe_load((FORMATS / "jobs" / f"{job}.yaml").read_text())["spec"]
     spec.setdefault("output", {}).update(output)
     return RuntimeSpec.model_validate({"name": "formats", "spec": spec, "outputDir": str(out)})
 
@@ -52,7 +54,7 @@ def test_item_json_of_format_1_reads_as_todays_entry(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["a4144e8-files", "cd07f54-files", "a4144e8-webdataset"])
 def test_part_files_of_formats_2_and_3_read(name: str) -> None:
-    entries = layouts.read_part(FIXTURES / name, 0)
+    entries = layouts.read_part(FORMATS / name, 0)
     assert entries and [e["index"] for e in entries] == list(range(len(entries)))
     assert all(e["status"] == "rendered" and e["kind"] == "image" for e in entries)
 
