@@ -16,7 +16,5 @@ export MURALIST_REQUIRE_DOCKER=1
 export MURALIST_REQUIRE_E2E=1
 # And the gallery's browser test (Debian's chromium and chromedriver, installed when missing).
 export MURALIST_REQUIRE_BROWSER=1
-"$VENV/bin/ruff" check .
-"$VENV/bin/lint-imports"
-"$VENV/bin/mypy"
+bash hack/checks.sh   # ruff, lint-imports, mypy: also the pre-commit hooks
 exec "$VENV/bin/python" -m pytest "$@"

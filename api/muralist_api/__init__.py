@@ -9,9 +9,10 @@ images install it and the operator needs nothing else of the runtime:
 - `rules/`: parsing a manifest and every problem named by its field (`problems`), the rules
   catalog shared by admission and the runtime (`catalog`, `workloads`, `sequence`);
 - `contract/`: what crosses between the images: the pod contract (launcher command,
-  environment, paths: `pod`; exit codes, termination message: `termination`), the progress
-  wire (`progress`), the resume digest (`resume`) and the
-  output folder's versions (`output_format`);
+  environment, paths: `pod`; the runtime's one typed view of that environment: `env`; exit
+  codes, termination message: `termination`), the progress wire (`progress`), the image counts
+  both carry (`counts`), the resume digest (`resume`) and the output folder's versions
+  (`output_format`);
 - `runtime_spec`: the runtime spec the operator hands to the pods;
 - `items`: work items and their seeds;
 - `manifests`: reading manifest files.

@@ -2,10 +2,11 @@
 
 Pure pydantic, no torch: the operator imports this module, and so does every pod. The CRD's
 schema is generated from these models (`muralist crd`), so each field carries a description
-that `kubectl explain` shows. Rules that need several fields live in `problems.py` (with the
-facts they use in `catalog.py`); the CRD's CEL rules that mirror them are declared here, on the
-field or model they guard, each naming the Python rule it mirrors (muralist_api/cel.py), and
-operator/crd.py writes them into the CRD.
+that `kubectl explain` shows. Rules that need several fields live in `rules/problems.py` (with
+the facts they use in the catalog: `rules/catalog.py`, `workloads.py`, `sequence.py`); the CRD's
+CEL rules that mirror them are declared here, on the field or model they guard, each naming the
+Python rule it mirrors (muralist_api/cel.py), and operator/muralist_operator/crd.py writes them
+into the CRD.
 """
 
 from __future__ import annotations

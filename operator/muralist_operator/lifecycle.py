@@ -2,8 +2,8 @@
 
 `decide` takes the job, its current status, the observed children and the progress the pods
 pushed, and returns the new status, the actions to take on children, and the events to emit
-once the status is written. It applies the policies (policies/) in order; handlers.py
-observes, calls this, writes the status once, acts.
+once the status is written. It applies the policies (policies/) in order; the Reconciler
+(reconciler.py) observes, calls this, writes the status once, acts.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ repeats the runtime's verdict.
 When a rank fails, torchrun logs the failed worker and raises ChildFailedError out of its
 main (a 30-line report and a Python traceback); accelerate raises the same, or
 CalledProcessError for a single process. Once a rank has written a permanent verdict to the
-termination message (termination.py), that report says nothing the verdict does not, and it
+termination message (report/termination.py), that report says nothing the verdict does not, and it
 buries the verdict's one line: so this agent exits 78 without it, and the launch entry point
 prints the verdict once. In every other case (a retryable error, or a rank killed before it
 could write anything: a signal, the OOM killer) the report stays as it is: it is then the only

@@ -1,6 +1,6 @@
 """The container's entry point: `python -m muralist_runtime.launch --spec FILE`.
 
-It stands between the pod and the real launcher (torchrun, or accelerate launch) for two
+It stands between the pod and the real launcher (torchrun, or accelerate launch) for three
 reasons the launchers cannot serve themselves:
 - a context-parallel group that spans pods needs its own world's node rank and master
   (index % k, and the first pod of its k), which a field reference cannot compute; pods whose
@@ -12,7 +12,7 @@ reasons the launchers cannot serve themselves:
   while the agent (agent.py) leaves out the launcher's report of the failed worker that would
   bury it; the ranks only write it (`muralist run` prints it once for all its agents).
 
-Everything else is the pod contract's (muralist_api/contract/__init__.py): PET_* variables already in the
+Everything else is the pod contract's (muralist_api/contract/pod.py): PET_* variables already in the
 environment win, so a rendered pod and a local agent run exactly the command they show.
 Torch-free and quick: it only reads the spec and starts one process.
 """

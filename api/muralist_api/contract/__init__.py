@@ -4,6 +4,7 @@ One module per contract:
 
 - `pod`: how a pod (or a local agent) is started: the torchrun and accelerate command lines,
   the PET_* and MURALIST_* environment variables, the paths inside the pod, the torchrun world;
+- `env`: `PodEnv`, the one typed view through which the runtime reads those variables;
 - `termination`: exit codes, the permanent-failure verdict and the termination message;
 - `progress`: the progress wire (the report a pod posts, its endpoint, token and interval);
 - `counts`: the image counts both carry;

@@ -4,10 +4,10 @@ Context parallelism splits the image (or video) tokens, and for some models the 
 along the sequence over the group's ring x ulysses ranks (and Ulysses also splits the
 attention heads over ulyssesDegree). Which sequences are split is the transformer's
 `_cp_plan` in diffusers: Flux's splits `encoder_hidden_states` too, Wan's only the video
-tokens (runtime/preflight.py reads the plan and passes `text_split`). diffusers' default
+tokens (the runtime's model/preflight.py reads the plan and passes `text_split`). diffusers' default
 (equipartition) sharder needs each split sequence to divide evenly; a layout that does not
 fails deep inside the first step, after minutes of loading. The lengths follow from the
-transformer's and the VAE's config.json alone (runtime/preflight.py reads them), so the
+transformer's and the VAE's config.json alone (the runtime's model/preflight.py reads them), so the
 verdict takes a second.
 
 Video: a clip of T frames is ((T - 1) / temporal + 1) latent frames (the VAE compresses

@@ -1,7 +1,7 @@
 """Pipeline loading and calling: the real `from_pretrained` for every kind of model name.
 
 A model is a hub repo id (with revision and HF_TOKEN), a local directory, or a built-in tiny
-name (spec.TINY_MODEL_NAMES) that is built in place into a cache directory first and then
+name (muralist_api.rules.catalog.TINY_MODEL_NAMES) that is built in place into a cache directory first and then
 loaded exactly like a local directory. `RuntimeSpec.model_path` (muralist run --model)
 replaces the name with a local directory. The hub's refusals (gated, no such repo, revision
 or file) are permanent failures naming the field (hub.py).

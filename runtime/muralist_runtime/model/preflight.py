@@ -1,7 +1,7 @@
 """Pre-flight of a ContextParallel layout against the model's config files, before loading.
 
 The rules (which lengths must divide what, and diffusers' uneven modes) live in the catalog
-(`spec.sequence`); this module reads the small config files they need (model_index.json, the
+(`muralist_api.rules.sequence`); this module reads the small config files they need (model_index.json, the
 transformer's and the VAE's config.json), from a local model directory or the hub, and asks
 diffusers two things that only its classes know, without loading any weights: which inputs the
 transformer's `_cp_plan` splits (Flux: image and text tokens; Wan: only the video tokens), and

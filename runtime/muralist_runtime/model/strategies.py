@@ -1,4 +1,4 @@
-"""Parallel strategies: one small object per `spec.Strategy`, registered by name.
+"""Parallel strategies: one small object per `muralist_api.job.Strategy`, registered by name.
 
 Every strategy answers the same four questions, in the order main.py asks them, and shares
 no base class (the common helpers are module functions):

@@ -13,11 +13,12 @@ Layout under the output directory (spec.output.layout):
 
 Every file is written to a temp name and renamed, so no reader sees a partial one; a rank
 killed mid-chunk costs that chunk's unfinished items (files) or its shard (webdataset).
-Folders of older versions are read through muralist_api/contract/output_format.py (`read_part`, `kept`,
-`resumed_plan`): that module is the format's contract, and this one never reads around it.
+Folders of older versions are read through muralist_api/contract/output_format.py (here by
+`read_part`, `kept` and `resumed_plan`): that module is the format's contract, and this one never
+reads around it.
 Encoding happens on writer threads (writer.BackgroundWriter): `FilesLayout.write` writes an
-item's files there; `WebDatasetLayout.encode` only encodes, and the generating thread adds the
-members to the shard in item order, so a shard's bytes do not depend on thread timing.
+item's files there; `WebDatasetLayout.write` only encodes, and the generating thread adds the
+members to the shard in item order (`add`), so a shard's bytes do not depend on thread timing.
 """
 
 from __future__ import annotations

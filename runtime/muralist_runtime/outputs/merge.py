@@ -1,6 +1,6 @@
 """The end of a job: one manifest, one Parquet index and a paginated gallery, as a stream.
 
-The first pod's first rank runs this once every chunk is finished (work.Tally.wait_all): no
+The first pod's first rank runs this once every chunk is finished (work/chunks.py: `Tally.wait_all`): no
 world-wide barrier, since pods do not share a process group. It reads the chunk part files in
 chunk order (each sorted by item), so the outputs come out in item order without ever holding
 more than one chunk: a million-item job merges in one pass, with no quadratic step.

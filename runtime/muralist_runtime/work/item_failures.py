@@ -7,11 +7,11 @@ with NaN values, an out-of-memory error of one item) and the job goes on, within
    the items). Checked each time a chunk ends, against the store's job-wide counters.
 2. Systematic: the job's first chunks failed entirely. When a chunk ends and no item of the job
    has completed yet (rendered now, or kept from an earlier run) while at least 3 chunks holding
-   at least 10 items have finished (spec.pods.EARLY_FAILED_*, which the API documents), all of
+   at least 10 items have finished (muralist_api.pods.EARLY_FAILED_*, which the API documents), all of
    those items failed: a cause they share (a wrong column, a broken input volume, a dtype that
    gives NaN) would fail the rest alike, so the job stops instead of burning the data set,
    whatever maxFailedItems says. The store counts a chunk's completed items before the chunk
-   itself (work.Tally.finished), so "no item completed" at the K-th finished chunk means the
+   itself (chunks.Tally.finished), so "no item completed" at the K-th finished chunk means the
    first K finished chunks, job-wide, all failed.
 3. All failed: the merge finds items that failed and none that completed (a job too small for
    rule 2 to see). A job is never Succeeded with every item failed.
@@ -40,7 +40,7 @@ ITEMS_FIELD = "items"
 
 @dataclass(frozen=True)
 class JobTally:
-    """The store's job-wide counters as one chunk ended (work.Tally.finished)."""
+    """The store's job-wide counters as one chunk ended (chunks.Tally.finished)."""
 
     chunks: int  # chunks finished
     completed: int  # items rendered, or kept from an earlier run

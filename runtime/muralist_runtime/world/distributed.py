@@ -4,8 +4,8 @@ Two scopes. The job: every process of every pod has a rank in it (pod index x pr
 pod + local rank), and ranks are cut into groups of `group_size` consecutive ranks that render
 one image together (ContextParallel / TensorParallel; 1 for DataParallel and DeviceMap); the
 groups are data parallel and claim their work from the store (work/chunks.py). The torchrun world:
-the pod alone, or the pods of a context-parallel group that spans pods (muralist_api/contract/__init__.py
-pod_world): its process group carries only that group's collectives, so a failed pod costs
+the pod alone, or the pods of a context-parallel group that spans pods (muralist_api/contract/pod.py:
+`pod_world`): its process group carries only that group's collectives, so a failed pod costs
 only its own world.
 
 The layout is pure arithmetic over the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK,
