@@ -380,9 +380,10 @@ def job_items(runtime: Any, count: int) -> list[Any]:
 
 def rank_step_callback(ctx: Context, total: int) -> Callable[[], None]:
     """What a rank passes as on_step: its Progress heartbeat, with a rank file."""
-    from muralist_runtime.report import progress
+    from muralist_runtime.report.progress import RankProgress
+    from muralist_runtime.report.rank_files import RankFile
 
-    prog = progress.RankProgress(0, total, True, local=True, rank_file=progress.RankFile(ctx.work / "progress", 0))
+    prog = RankProgress(0, total, True, local=True, rank_file=RankFile(ctx.work / "progress", 0))
     return prog.step_done
 
 

@@ -42,8 +42,10 @@ from .outputs import layouts, merge, temps, writer
 from .outputs.temps import TempRemoved
 from .render import claim_loop
 from .render.state import Job, RunState
-from .report import progress
-from .report.progress import progress_dir, read_counts
+from .report import rank_files
+from .report.progress import RankProgress
+from .report.push import PodReporter, target_from_env
+from .report.rank_files import RankFile, progress_dir, read_counts
 from .report.termination import termination_log_path, write_termination
 from .work import chunks, claims, item_failures, rows
 from .work.chunks import NothingLeft
@@ -154,13 +156,13 @@ def set_up_world(job: Job, state: RunState) -> None:
         state.layout.prepare()
     # Heartbeats start now: loading a large model takes minutes, and a silent pod would look
     # stalled to the operator.
-    directory = progress.progress_dir()
-    target = progress.target_from_env()
+    directory = progress_dir()
+    target = target_from_env()
     if target is not None and layout.local_rank == 0:
-        state.reporter = progress.PodReporter(target, directory).start()
+        state.reporter = PodReporter(target, directory).start()
     local = PodEnv.from_environ().local
-    state.progress = progress.RankProgress(layout.rank, job.work.total_items, layout.writes_images, local=local,
-                                       rank_file=progress.RankFile(directory, layout.rank))
+    state.progress = RankProgress(layout.rank, job.work.total_items, layout.writes_images, local=local,
+                                  rank_file=RankFile(directory, layout.rank))
 
 
 # 3. Load the pipeline, check that the model supports the layout, apply the job's features
@@ -236,7 +238,7 @@ def summarise(job: Job, state: RunState) -> None:
     if layout.hosts_store:
         merge_outputs(job, state)
     if layout.local_rank == 0:
-        progress.wait_for_pod(progress.progress_dir(), job.runtime.spec.parallelism.collective_timeout_seconds)
+        rank_files.wait_for_pod(progress_dir(), job.runtime.spec.parallelism.collective_timeout_seconds)
 
 
 def merge_outputs(job: Job, state: RunState) -> None:
@@ -247,7 +249,7 @@ def merge_outputs(job: Job, state: RunState) -> None:
     # the bound all the same, this pod fails and its retry claims the missing chunks itself.
     timeout = job.runtime.spec.parallelism.collective_timeout_seconds
     chunks.Tally(state.claims).wait_all(
-        job.work.chunks, lambda _done: progress.pending_ranks(progress.progress_dir(), timeout),
+        job.work.chunks, lambda _done: rank_files.pending_ranks(progress_dir(), timeout),
         bound=chunks.merge_wait_bound(job.work, timeout, state.progress.slowest_item_seconds),
         holder=lambda group: f"pod {group * layout.group_size // layout.local_world_size}")
     state.timings["waitSeconds"] = time.perf_counter() - start

@@ -14,7 +14,8 @@ from muralist_api.runtime_spec import RuntimeSpec
 from ..model.strategies import ParallelStrategy, Plan
 from ..outputs.layouts import FilesLayout, WebDatasetLayout
 from ..outputs.writer import BackgroundWriter, JobFile
-from ..report.progress import PodReporter, RankProgress
+from ..report.progress import RankProgress
+from ..report.push import PodReporter
 from ..work.chunks import WorkPlan
 from ..work.claims import ClaimClient, ClaimServer
 from ..work.rows import Rows
