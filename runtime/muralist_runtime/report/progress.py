@@ -3,7 +3,7 @@
 `RankProgress` is what the claim/render loop talks to. Pods print one line per finished item on
 stdout (`MURALIST_PROGRESS {json}`) for machines reading the logs; every rank, writer or not,
 keeps its rank file (rank_files.py) current from the pipeline's step callback, which the pod's
-reporter (push.py) and `muralist run`'s whole-job bar read.
+reporter (push.py) and `muralist run`'s whole-job bar read. `start` sets both up for a rank.
 """
 
 from __future__ import annotations
@@ -13,8 +13,27 @@ import sys
 from dataclasses import asdict
 
 from muralist_api.contract import PROGRESS_LINE_PREFIX, Counts
+from muralist_api.contract.env import PodEnv
 
-from .rank_files import RankFile, RankState, now_iso
+from ..world.distributed import Layout
+from .push import PodReporter, target_from_env
+from .rank_files import RankFile, RankState, now_iso, progress_dir
+
+
+def start(layout: Layout, job_total: int) -> tuple[PodReporter | None, RankProgress]:
+    """This rank's progress, and the pod's reporter on its first local rank (None on the others).
+
+    Started before the model loads: that takes minutes, and a silent pod would look stalled to
+    the operator.
+    """
+    directory = progress_dir()
+    target = target_from_env()
+    reporter = None
+    if target is not None and layout.local_rank == 0:
+        reporter = PodReporter(target, directory).start()
+    local = PodEnv.from_environ().local
+    return reporter, RankProgress(layout.rank, job_total, layout.writes_images, local=local,
+                                  rank_file=RankFile(directory, layout.rank))
 
 
 class RankProgress:

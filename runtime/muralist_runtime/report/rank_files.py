@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -163,6 +164,13 @@ def pending_ranks(directory: Path, timeout: float) -> int:
         if (quiet := time.time() - moved) > timeout:
             raise RankStalled(f"{path.stem} of this pod made no progress for {quiet:.0f}s "
                               "(parallelism.collectiveTimeoutSeconds): failing the pod so it is retried")
+    return pending
+
+
+def stall_watch(directory: Path, timeout: float) -> Callable[[object], int]:
+    """pending_ranks as a waiting loop's callback (it passes what it waits for, unused here)."""
+    def pending(_waited_for: object) -> int:
+        return pending_ranks(directory, timeout)
     return pending
 
 
