@@ -893,7 +893,7 @@ def check_compile(ctx: Context, emit: Emit) -> None:
     emit(Row("compile", "off", f"{off:.4f} s/step (runtime render_checked)", OK))
     start = time.perf_counter()
     what = pipeline.compile_transformer(pipe, parallel=False)
-    ctx.timed(lambda: pipeline.render_checked(pipe, specs[2], batch))  # main.compile_and_warm_up's warm-up
+    ctx.timed(lambda: pipeline.render_checked(pipe, specs[2], batch))  # loading.compile_and_warm_up's warm-up
     compile_s = time.perf_counter() - start
     on = per_step(2)
     emit(Row("compile", f"on: {what}, fullgraph",
