@@ -380,9 +380,10 @@ def job_items(runtime: Any, count: int) -> list[Any]:
 
 def rank_step_callback(ctx: Context, total: int) -> Callable[[], None]:
     """What a rank passes as on_step: its Progress heartbeat, with a rank file."""
-    from muralist_runtime.report import progress
+    from muralist_runtime.report.progress import RankProgress
+    from muralist_runtime.report.rank_files import RankFile
 
-    prog = progress.RankProgress(0, total, True, local=True, rank_file=progress.RankFile(ctx.work / "progress", 0))
+    prog = RankProgress(0, total, True, local=True, rank_file=RankFile(ctx.work / "progress", 0))
     return prog.step_done
 
 
@@ -892,7 +893,7 @@ def check_compile(ctx: Context, emit: Emit) -> None:
     emit(Row("compile", "off", f"{off:.4f} s/step (runtime render_checked)", OK))
     start = time.perf_counter()
     what = pipeline.compile_transformer(pipe, parallel=False)
-    ctx.timed(lambda: pipeline.render_checked(pipe, specs[2], batch))  # main.compile_and_warm_up's warm-up
+    ctx.timed(lambda: pipeline.render_checked(pipe, specs[2], batch))  # loading.compile_and_warm_up's warm-up
     compile_s = time.perf_counter() - start
     on = per_step(2)
     emit(Row("compile", f"on: {what}, fullgraph",

@@ -73,7 +73,7 @@ def serve(tree: Path, limits: dict[str, float]) -> int:
     tls = issue(["muralist-progress", "127.0.0.1"], ca, ca_key)
     kwargs: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "lookups_block": False}
     if limits:
-        from muralist_operator.progress.http1 import Limits
+        from muralist_operator.progress.connections import Limits
 
         kwargs["limits"] = Limits(**limits)  # type: ignore[arg-type]
     if "limits" in kwargs and "limits" not in inspect.signature(ProgressServer).parameters:

@@ -23,7 +23,7 @@ Targets: <= 1 status write per second per job, server CPU <= 10 % of one core, l
 
 `--baseline-rev REV` also runs REV's server (its copy of this file, from `git archive`) before
 each of this tree's runs, fed by the same posters, for `--rounds` rounds: a change to the server
-measured side by side. `--coalesce 0` turns off the loop's linger (progress/http1.py).
+measured side by side. `--coalesce 0` turns off the loop's linger (progress/coalesce.py).
 
 `--operator 1024x1` runs the pushed path through the whole operator instead of the server alone:
 the test control plane, a real DiffusionJob of that many pods (kwok plays two GPU nodes: 16
@@ -75,7 +75,7 @@ SNI = f"{SERVICE}.muralist-system.svc"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 from muralist_operator.progress.aggregate import POST_BUDGET_PER_SECOND  # noqa: E402  (after the path)
-from muralist_operator.progress.http1 import COALESCE_SECONDS  # noqa: E402
+from muralist_operator.progress.coalesce import COALESCE_SECONDS  # noqa: E402
 
 
 def token_for(index: int) -> str:

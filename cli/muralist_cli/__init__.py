@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Read tls.crt, tls.key and ca.crt from this directory instead (cert-manager's Secret, "
                    "mounted); re-read every minute.")
     # What all clients together may hold of the endpoint (any pod of the cluster can connect);
-    # unset: the endpoint's defaults (muralist_operator.progress.http1.Limits).
+    # unset: the endpoint's defaults (muralist_operator.progress.connections.Limits).
     g.add_argument("--progress-max-connections", type=_positive(int), default=None, metavar="N",
                    help="Open connections at most (default 4096); at the cap, the oldest that has not authenticated "
                    "makes room.")

@@ -23,7 +23,7 @@ from muralist_operator.kube import Kube, load_config
 from muralist_operator.peering import Peering
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import TokenVerifier
-from muralist_operator.progress.http1 import Limits
+from muralist_operator.progress.connections import Limits
 from muralist_operator.progress.server import ProgressServer
 from muralist_operator.progress.tls import TlsMaterial, ensure_certificate, read_mounted
 from muralist_operator.render import LABEL_JOB, OperatorSettings

@@ -30,7 +30,7 @@ from muralist_api.rules.problems import ValidationProblem
 from muralist_api.runtime_spec import RuntimeSpec
 
 from .model.inputs import missing_inline_inputs
-from .report.progress import read_counts
+from .report.rank_files import read_counts
 from .report.termination import permanent_verdict_line
 
 BAR_SECONDS = 0.5

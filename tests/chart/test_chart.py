@@ -220,7 +220,7 @@ def test_cert_manager_mode(helm: str, issuer: dict[str, str] | None) -> None:
 def test_progress_limits_reach_the_operator(helm: str) -> None:
     from muralist_cli import build_parser
     from muralist_operator.main import progress_limits
-    from muralist_operator.progress.http1 import Limits
+    from muralist_operator.progress.connections import Limits
 
     # The chart's defaults are the endpoint's own, and what a user sets arrives as set.
     assert progress_limits(build_parser().parse_args(container(render(helm))["args"])) == Limits()

@@ -56,7 +56,7 @@ def test_reference_layout(reference: Run) -> None:
 
 def test_data_parallel_two_processes_match_one(tmp_path: Path, runtime_env, reference: Run) -> None:
     # 3 prompts claimed by 2 ranks: each exactly once, byte-identical PNGs, whoever took which.
-    from tests.unit.runtime.report.test_progress import FakeOperator
+    from tests.unit.runtime.report.test_push import FakeOperator
 
     operator = FakeOperator()  # live progress: the pod's first rank posts its ranks' counts
     token = tmp_path / "token"

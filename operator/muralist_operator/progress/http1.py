@@ -4,40 +4,22 @@ Why not aiohttp.web: the endpoint has three routes and answers a few hundred byt
 1,024 pods posting aiohttp's request, router and response objects cost more than the
 verification and aggregation they carry. Here a connection is an asyncio.Protocol that hands
 each complete request to one handler and writes its reply as one buffer; TLS stays asyncio's.
-
-The loop's selector lingers `coalesce` seconds (50 ms) once a socket is readable, so one
-wake-up serves every post that arrived meanwhile: a wake-up of an asyncio loop costs more than
-the post it serves, and 300 posts a second otherwise arrive one by one. Both together took the
-endpoint from 0.43-0.55 ms of CPU per post to 0.23-0.24 ms (benchmarks/progress_load.py); a post
-waits up to 50 ms longer for its answer, which no pod waits for.
+Together with the coalescing loop (coalesce.py) this halved the CPU a post costs.
 
 What it keeps of a real server: keep-alive (HTTP/1.1 by default, 1.0 on request), replies in
 request order when a client pipelines, `Expect: 100-continue`, a bound on the request head
 (431) and on the body (413: read and dropped up to a cap so the connection survives, closed
-beyond it), and `Date` on every reply.
-
-What one client may hold of it (`Limits`): any pod of the cluster can open connections to the
-endpoint, and each one costs memory, so connections are capped and each is on a clock. A TLS
-handshake (counted from the accept, before the client's hello: see tls_accept) and every request
-(its first byte to its last) must finish within their timeouts. Only a connection that has
-carried an authenticated request (an accepted post) may then idle for the keep-alive timeout;
-any other is closed when it has been quiet for the request timeout. At the cap, the oldest
-connection that has not authenticated (and awaits no reply) is dropped for the new one; when
-every open connection has authenticated, the new one is. So a flood of idle or trickling
-connections holds at most `max_connections` small sockets for seconds, and pods that post keep
-their connections through it.
+beyond it), and `Date` on every reply. Each connection is counted in, and kept to its clocks
+by, its server's `Connections` (connections.py: `Limits`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import email.utils
-import enum
 import json
 import logging
-import selectors
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,6 +29,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from muralist_operator.progress.connections import DEFAULT_LIMITS, SWEEP_SECONDS, Connections, Limits, Phase
 from muralist_operator.progress.tls_accept import AwaitHello
 
 log = logging.getLogger("muralist.progress.http")
@@ -55,61 +38,6 @@ MAX_HEAD_BYTES = 16 * 1024
 # A body over the limit is still read (and dropped) up to this much, so the client gets its 413
 # on a connection it can keep; a bigger one is cut off.
 MAX_DISCARD_BYTES = 1024 * 1024
-COALESCE_SECONDS = 0.05
-# How often the clocks of open connections are read (a timeout fires up to this much late).
-SWEEP_SECONDS = 1.0
-# A sweep later than this was held up by the server itself (a burst of TLS handshakes, a starved
-# process): that time is not counted against the clients (see Connections.now).
-LATE_SECONDS = 0.25
-# Connections the server ended, by reason, are logged at most this often.
-CLOSED_LOG_SECONDS = 60.0
-# Freed memory is given back to the system once this many connections have closed (~40 KiB each
-# over TLS) since the most that were open at once, or, once the closing has stopped, this few: the
-# tail of a wave of closes, which would otherwise stay with the process until the next wave.
-TRIM_AFTER_CLOSED = 256
-TRIM_AFTER_SETTLED = 32
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim; None where the C library has none (musl)."""
-    try:
-        return cast(Callable[[int], int], ctypes.CDLL(None).malloc_trim)
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What all clients together may hold of the server. A connection costs ~4 KiB before its
-    TLS hello and ~40 KiB after its handshake (benchmarks/progress_flood.py), so the cap bounds a
-    flood to tens of MiB (all handshaken: ~160 MiB), and the timeouts to seconds. The defaults
-    serve 1,024 posting pods (one kept-alive connection each) with room for four times that."""
-
-    max_connections: int = 4096
-    # From the accept to the end of the TLS handshake. A pod takes milliseconds, but 1,024 of
-    # them starting at once on a loaded machine took up to 25 s; junk that waits this long holds
-    # a few KiB, and at the cap it makes room for newcomers anyway.
-    handshake_timeout: float = 30.0
-    # A request's first byte to its last (a post is a few hundred bytes); also how long a
-    # connection that has not authenticated may stay open between requests.
-    request_timeout: float = 30.0
-    # Between requests on a connection that carried an accepted post: longer than the longest
-    # post interval (aggregate.MAX_POST_INTERVAL_SECONDS), so a pod keeps one connection and
-    # one TLS handshake.
-    idle_timeout: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1, not {self.max_connections}")
-        for name in ("handshake_timeout", "request_timeout", "idle_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be more than 0 seconds, not {getattr(self, name)}")
-
-
-DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +91,9 @@ class _Clock:
         return self._value
 
 
+# One for every server of the process: the value is the same for all.
+_DATE = _Clock()
+
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 
 
@@ -178,121 +109,6 @@ def encode(reply: Reply, date: bytes, keep_alive: bool, head: bool = False) -> b
     if not keep_alive:
         lines.append(b"Connection: close")
     return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else reply.body)
-
-
-class Phase(enum.Enum):
-    HANDSHAKE = "handshake"  # accepted; TLS not done yet
-    WAITING = "waiting"  # between requests
-    READING = "reading"  # a request has begun and is not complete
-
-
-class Connections:
-    """The open connections of one server: capped, on their clocks (swept), closed on stop."""
-
-    def __init__(self, limits: Limits) -> None:
-        self.limits = limits
-        self.open: dict[HttpConnection, None] = {}
-        # Those that have not authenticated, oldest first: the ones dropped at the cap.
-        self.unproven: dict[HttpConnection, None] = {}
-        self.seen = 0
-        self.high_water = 0  # the most connections open at once since memory was last given back
-        self._open_last_sweep = 0
-        self.held_up = 0.0  # seconds the server's loop was too busy to serve, in all
-        self.closed: collections.Counter[str] = collections.Counter()  # ended by the server, by reason
-        self.clock = _Clock()
-        self._logged: collections.Counter[str] = collections.Counter()
-        self._logged_at = -CLOSED_LOG_SECONDS
-
-    def admit(self, conn: HttpConnection) -> bool:
-        """Count a new connection in; at the cap, drop the oldest unproven idle one for it. False:
-        every open connection has authenticated (or awaits a reply), the new one is refused."""
-        if len(self.open) >= self.limits.max_connections:
-            victim = next((c for c in self.unproven if not c.busy), None)
-            if victim is None:
-                self.closed["over capacity"] += 1
-                return False
-            victim.abort("dropped for a newer connection at the cap")
-        self.open[conn] = None
-        self.unproven[conn] = None
-        self.seen += 1
-        return True
-
-    def proven(self, conn: HttpConnection) -> None:
-        self.unproven.pop(conn, None)
-
-    def forget(self, conn: HttpConnection) -> None:
-        self.open.pop(conn, None)
-        self.unproven.pop(conn, None)
-
-    def now(self) -> float:
-        """The connections' clock: monotonic time without the time the loop was held up. 1,024
-        pods connecting at once queue their TLS handshakes behind each other: on a loaded machine
-        the last waited 15-25 s for the server (benchmarks/progress_load.py), which is not
-        theirs to answer for."""
-        return time.monotonic() - self.held_up
-
-    def deadline(self, conn: HttpConnection) -> tuple[float, str] | None:
-        """When this connection is to be closed, and why; None while a reply is awaited."""
-        if conn.busy:
-            return None
-        limits = self.limits
-        if conn.phase is Phase.HANDSHAKE:
-            return conn.since + limits.handshake_timeout, "handshake timeout"
-        if conn.phase is Phase.READING:
-            return conn.since + limits.request_timeout, "request timeout"
-        if conn.authenticated:
-            return conn.since + limits.idle_timeout, "idle"
-        return conn.since + limits.request_timeout, "idle before authenticating"
-
-    def sweep(self, late: float = 0.0) -> None:
-        """Close what is past its deadline; `late`: how much later than due this sweep runs."""
-        if late > LATE_SECONDS:
-            self.held_up += late
-        now = self.now()
-        for conn in list(self.open):
-            due = self.deadline(conn)
-            if due is None or now < due[0]:
-                continue
-            if due[1] == "idle":
-                conn.close("idle")  # a pod's kept-alive connection: a graceful goodbye
-            else:
-                conn.abort(due[1])
-        self._give_back()
-        self._log(now)
-
-    def _give_back(self) -> None:
-        """Hand what closed connections freed back to the system. glibc keeps freed memory for
-        reuse (in the middle of its heaps, and in the arena of this server's thread), so without
-        this the operator's RSS stays at a flood's peak: 1,000 TLS connections closed left it
-        at 100 MiB, malloc_trim took it back to 67 (the 60 MiB it started from, and the
-        connections' bookkeeping). A few milliseconds, at most once a sweep, and only after
-        many connections closed, or once a wave of closes has stopped (its tail)."""
-        now_open = len(self.open)
-        self.high_water = max(self.high_water, now_open)
-        closed = self.high_water - now_open
-        settled = now_open >= self._open_last_sweep
-        self._open_last_sweep = now_open
-        if _MALLOC_TRIM is not None and (closed >= TRIM_AFTER_CLOSED or (settled and closed >= TRIM_AFTER_SETTLED)):
-            _MALLOC_TRIM(0)
-            self.high_water = now_open
-
-    def _log(self, now: float) -> None:
-        """One line a minute at most when the server ended connections for a limit (not idle
-        keep-alives: those are routine)."""
-        if now - self._logged_at < CLOSED_LOG_SECONDS:
-            return
-        new = {k: v - self._logged[k] for k, v in self.closed.items() if k != "idle" and v > self._logged[k]}
-        if not new:
-            return
-        self._logged = collections.Counter(self.closed)
-        self._logged_at = now
-        log.warning("the progress endpoint closed connections at its limits (%d open, at most %d): %s",
-                    len(self.open), self.limits.max_connections,
-                    ", ".join(f"{n} {why}" for why, n in sorted(new.items())))
-
-    def close_all(self) -> None:
-        for conn in list(self.open):
-            conn.close("stopping")
 
 
 class HttpConnection(asyncio.Protocol):
@@ -472,7 +288,7 @@ class HttpConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         keep_alive = keep_alive and not reply.close
-        transport.write(encode(reply, self._connections.clock.date(), keep_alive, head))
+        transport.write(encode(reply, _DATE.date(), keep_alive, head))
         if reply.authenticated and not self.authenticated:
             self.authenticated = True
             self._connections.proven(self)
@@ -484,34 +300,6 @@ class HttpConnection(asyncio.Protocol):
         """A request that cannot be parsed or is too big to read: answer and close."""
         body = json.dumps({"error": message}).encode()
         self._write(Reply(status, body, "application/json", close=True), keep_alive=False)
-
-
-class CoalescingSelector(selectors.DefaultSelector):
-    """A selector whose `select` lingers `window` seconds once something is ready, then returns
-    everything that became ready meanwhile (one wake-up for a burst)."""
-
-    def __init__(self, window: float = COALESCE_SECONDS) -> None:
-        super().__init__()
-        self.window = window
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        ready = super().select(timeout)
-        if not ready or self.window <= 0:
-            return ready
-        time.sleep(self.window)
-        position = {key.fd: i for i, (key, _) in enumerate(ready)}
-        for key, events in super().select(0):
-            i = position.get(key.fd)
-            if i is None:
-                ready.append((key, events))
-            else:
-                ready[i] = (key, ready[i][1] | events)
-        return ready
-
-
-def new_event_loop(coalesce: float = COALESCE_SECONDS) -> asyncio.AbstractEventLoop:
-    """An event loop on a CoalescingSelector (a plain one when `coalesce` is 0)."""
-    return asyncio.SelectorEventLoop(CoalescingSelector(coalesce))
 
 
 async def serve(handler: Handler, sock: Any, ssl: Any, max_body: int, limits: Limits = DEFAULT_LIMITS,

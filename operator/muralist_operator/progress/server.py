@@ -1,8 +1,8 @@
 """The HTTPS endpoint pods post progress to, on its own thread and event loop.
 
 Not on kopf's loop: a burst of 1,000 posts (or a slow TokenReview) must not delay watch
-events, and kopf's loop must not delay the posts. HTTP is framed by http1 (httptools), which
-also caps the connections and puts each on a clock (http1.Limits: any pod of the cluster can
+events, and kopf's loop must not delay the posts. HTTP is framed by http1 (httptools), whose
+connections are capped and each put on a clock (connections.Limits: any pod of the cluster can
 connect), and TLS starts only once a client speaks (tls_accept). A post whose token is cached
 is checked on the loop (memory only); a TokenReview (and a pod lookup that may block) runs on
 a small thread pool, and the loop goes on meanwhile.
@@ -50,6 +50,8 @@ from muralist_api.contract.progress import (
 
 from muralist_operator.progress import http1
 from muralist_operator.progress.auth import Identity, Verdict
+from muralist_operator.progress.coalesce import COALESCE_SECONDS, new_event_loop
+from muralist_operator.progress.connections import DEFAULT_LIMITS, Connections, Limits
 from muralist_operator.progress.tls import TlsMaterial, server_context
 
 log = logging.getLogger("muralist.progress.server")
@@ -112,7 +114,7 @@ def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ())
     return http1.Reply(status, json.dumps({"error": message}).encode(), "application/json", headers)
 
 
-# An accepted post: the pod's connection may stay open between posts (http1.Limits).
+# An accepted post: the pod's connection may stay open between posts (connections.Limits).
 _NO_CONTENT = http1.Reply(204, authenticated=True)
 _RETRY = (("Retry-After", "5"),)
 
@@ -130,11 +132,11 @@ class ProgressServer:
         job_exists: Callable[[str, str], bool] | None = None,
         interval: Callable[[str, str], float] | None = None,
         max_body: int = MAX_BODY_BYTES,
-        limits: http1.Limits = http1.DEFAULT_LIMITS,
+        limits: Limits = DEFAULT_LIMITS,
         workers: int = 4,
         refusals: RefusalLog | None = None,
         lookups_block: bool = True,
-        coalesce: float = http1.COALESCE_SECONDS,
+        coalesce: float = COALESCE_SECONDS,
     ) -> None:
         """`tls=None` serves plain HTTP (behind a mesh that terminates TLS; tests). `on_report`
         runs on the server's loop thread: keep it quick and thread-safe (the aggregator's
@@ -146,9 +148,9 @@ class ProgressServer:
         `interval` only read memory (the operator's kopf indexes): a post whose token is cached
         is then checked on the loop itself, which saves the thread hop (~20 % of the server's
         CPU at 350 posts/s, benchmarks/progress_load.py). `coalesce`: how long the loop lingers
-        after a wake-up to serve more posts with it (see http1; 0: not at all). `limits`: what
+        after a wake-up to serve more posts with it (see coalesce; 0: not at all). `limits`: what
         all clients together may hold (connections, handshake, request and idle timeouts: see
-        http1.Limits); an accepted post is what lets a connection stay for the idle timeout."""
+        connections.Limits); an accepted post is what lets a connection stay for the idle timeout."""
         self._verifier = verifier
         self._on_report = on_report
         self._ssl = server_context(tls) if tls is not None else None
@@ -166,7 +168,7 @@ class ProgressServer:
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._server: asyncio.AbstractServer | None = None
-        self._http: http1.Connections | None = None
+        self._http: Connections | None = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         # What the operator's metrics can export: responses by status (and `connections_seen`).
@@ -211,7 +213,7 @@ class ProgressServer:
         server_context(material, self._ssl)
 
     def _run(self, sock: socket.socket) -> None:
-        loop = http1.new_event_loop(self._coalesce)
+        loop = new_event_loop(self._coalesce)
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:
@@ -312,7 +314,7 @@ class ProgressServer:
 
     @property
     def connections_closed(self) -> dict[str, int]:
-        """Connections the server ended, by reason (a limit of http1.Limits, or "idle")."""
+        """Connections the server ended, by reason (a limit of connections.Limits, or "idle")."""
         return dict(self._http.closed) if self._http is not None else {}
 
     def _check(

@@ -1,23 +1,34 @@
 """The end of a job: one manifest, one Parquet index and a paginated gallery, as a stream.
 
-The first pod's first rank runs this once every chunk is finished (work/chunks.py: `Tally.wait_all`): no
-world-wide barrier, since pods do not share a process group. It reads the chunk part files in
-chunk order (each sorted by item), so the outputs come out in item order without ever holding
-more than one chunk: a million-item job merges in one pass, with no quadratic step.
+The first pod's first rank runs this once every chunk is finished (`merge_job`, which waits with
+work/chunks.py's `Tally.wait_all`): no world-wide barrier, since pods do not share a process group.
+It reads the chunk part files in chunk order (each sorted by item), so the outputs come out in item
+order without ever holding more than one chunk: a million-item job merges in one pass, with no quadratic step.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from muralist_api.runtime_spec import RuntimeSpec
+
+from ..work import item_failures
+from ..work.chunks import Tally, WorkPlan, merge_wait_bound
+from ..work.claims import ClaimClient
 from ..work.item_failures import NAMED, describe_item
-from . import shards, temps
+from ..world.distributed import Layout
+from . import layouts, shards, temps
 from .gallery import write_gallery
 from .layouts import read_part
+from .writer import JobFile
+
+log = logging.getLogger("muralist")
 
 
 def entries(root: Path, chunks: int) -> Iterator[dict[str, Any]]:
@@ -72,3 +83,32 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
         temps.closed(tmp)
         raise
     return counts
+
+
+def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: ClaimClient, layout: Layout,
+              pending: Callable[[int], object], slowest_item_seconds: float, timings: dict[str, float]) -> None:
+    """The first pod's first rank: wait for every chunk, merge, and fail the job when its failed
+    items say so. `pending`: this pod's ranks not done yet (it raises on a stalled one)."""
+    start = time.perf_counter()
+    # A hung rank of this pod holds its chunk forever: fail the pod (retried) instead of waiting.
+    # Another pod's is the operator's to retry (its stall timeout); should no chunk finish for
+    # the bound all the same, this pod fails and its retry claims the missing chunks itself.
+    timeout = runtime.spec.parallelism.collective_timeout_seconds
+    Tally(claims).wait_all(
+        work.chunks, pending, bound=merge_wait_bound(work, timeout, slowest_item_seconds),
+        holder=lambda group: f"pod {group * layout.group_size // layout.local_world_size}")
+    timings["waitSeconds"] = time.perf_counter() - start
+    spec = runtime.spec
+    caption = {"model": spec.model.name, "strategy": spec.parallelism.strategy,
+               "scheduler": spec.generation.scheduler.name if spec.generation.scheduler else None,
+               "adapters": [{"name": a.name, "scale": a.scale} for a in spec.model.adapters]}
+    counts = merge(jobfile.root, work.chunks, runtime.name, spec.output.gallery_page_size, caption)
+    jobfile.write(layout.describe(), timings, {"items": counts})
+    # Merged: no temp of the tree is needed any more (a killed writer's, a slow duplicate's).
+    if removed := temps.remove_all_in(layouts.tree(jobfile.root)):
+        log.info("removed %d temp files left by killed or duplicate writers", len(removed))
+    log.info("%s of %d items in %s", counts, work.total_items, jobfile.root)
+    failed = counts.get("failed", 0)
+    verdict = item_failures.merge_verdict(sum(counts.values()) - failed, failed)
+    if verdict is not None:  # merged all the same: the manifest and the gallery say why each failed
+        raise item_failures.failure(verdict, first_failed(jobfile.root, work.chunks))

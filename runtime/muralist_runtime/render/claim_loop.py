@@ -21,10 +21,10 @@ from muralist_api.items import Item
 from ..model import pipeline
 from ..outputs import writer
 from ..outputs.layouts import RenderedOutput, failed_entry, part_path, read_part, write_part
+from ..run_state import Job, NotSetUp, RunState
 from ..testing import faults
 from ..work import chunks, item_failures, rows
 from ..work.item_failures import NAMED, describe_item
-from .state import Job, NotSetUp, RunState
 
 log = logging.getLogger("muralist")
 

@@ -29,7 +29,7 @@ SERVER = """
 import json, sys
 from http import HTTPStatus
 from muralist_operator.progress.auth import Identity, Verdict
-from muralist_operator.progress.http1 import Limits
+from muralist_operator.progress.connections import Limits
 from muralist_operator.progress.server import ProgressServer
 from muralist_operator.progress.tls import issue, new_ca
 

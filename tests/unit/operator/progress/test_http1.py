@@ -1,10 +1,9 @@
-"""The progress endpoint's HTTP/1.1 framing, spoken to over raw sockets (plain TCP: TLS is
-asyncio's and is covered by test_progress_server.py)."""
+"""The progress endpoint's HTTP/1.1 framing, and the connection limits it is served under, spoken
+to over raw sockets (plain TCP: TLS is asyncio's and is covered by test_server.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import selectors
 import socket
 import threading
 import time
@@ -12,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from muralist_operator.progress import http1
+from muralist_operator.progress.connections import Limits
 
 MAX_BODY = 64
 
@@ -35,12 +35,12 @@ def handler(request: http1.Request) -> http1.Reply | asyncio.Future[http1.Reply]
 
 
 class Server:
-    def __init__(self, limits: http1.Limits | None = None) -> None:
+    def __init__(self, limits: Limits | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         sock = socket.create_server(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.server, self.connections = self.loop.run_until_complete(
-            http1.serve(handler, sock, None, MAX_BODY, limits or http1.Limits(idle_timeout=30.0)))
+            http1.serve(handler, sock, None, MAX_BODY, limits or Limits(idle_timeout=30.0)))
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
@@ -197,7 +197,7 @@ def test_the_client_can_end_the_connection(server: Server, request_bytes: bytes)
 
 
 def test_an_authenticated_connection_idles_for_the_keepalive_timeout_others_for_the_request_timeout() -> None:
-    s = Server(http1.Limits(request_timeout=0.3, idle_timeout=1.5))
+    s = Server(Limits(request_timeout=0.3, idle_timeout=1.5))
     try:
         with s.connect() as proven, s.connect() as unproven:
             proven.sendall(post("/auth"))
@@ -215,7 +215,7 @@ def test_an_authenticated_connection_idles_for_the_keepalive_timeout_others_for_
 
 
 def test_a_trickled_request_is_cut_at_the_request_timeout() -> None:
-    s = Server(http1.Limits(request_timeout=0.5, idle_timeout=30))
+    s = Server(Limits(request_timeout=0.5, idle_timeout=30))
     try:
         with s.connect() as sock:
             sock.sendall(post("/auth"))
@@ -235,7 +235,7 @@ def test_a_trickled_request_is_cut_at_the_request_timeout() -> None:
 
 
 def test_time_the_server_itself_was_held_up_does_not_count_against_a_client() -> None:
-    s = Server(http1.Limits(request_timeout=0.5))
+    s = Server(Limits(request_timeout=0.5))
     try:
         with s.connect() as waiting, s.connect() as blocker:
             blocker.sendall(post("/block"))  # one second of the loop, twice the request timeout
@@ -249,7 +249,7 @@ def test_time_the_server_itself_was_held_up_does_not_count_against_a_client() ->
 
 
 def test_at_the_cap_the_oldest_unauthenticated_connection_makes_room() -> None:
-    s = Server(http1.Limits(max_connections=3))
+    s = Server(Limits(max_connections=3))
     try:
         with s.connect() as proven, s.connect() as old, s.connect() as young:
             proven.sendall(post("/auth"))
@@ -273,47 +273,3 @@ def test_at_the_cap_the_oldest_unauthenticated_connection_makes_room() -> None:
         assert s.connections.closed == {"dropped for a newer connection at the cap": 2, "over capacity": 1}
     finally:
         s.stop()
-
-
-def test_the_coalescing_selector_serves_a_burst_with_one_wake_up() -> None:
-    selector = http1.CoalescingSelector(window=0.5)
-    pairs = [socket.socketpair() for _ in range(2)]
-    try:
-        for reader, _ in pairs:
-            selector.register(reader, selectors.EVENT_READ)
-        first, second = (writer for _, writer in pairs)
-        # The second socket becomes readable while the selector lingers after the first.
-        threading.Timer(0.05, second.send, args=(b"y",)).start()
-        first.send(b"x")
-        started = time.monotonic()
-        ready = selector.select(timeout=5)
-        assert time.monotonic() - started >= 0.5
-        assert sorted(key.fileobj.fileno() for key, _ in ready) == sorted(r.fileno() for r, _ in pairs)
-        again = selector.select(timeout=0)  # nothing was read: still both, each once
-        assert sorted(key.fileobj.fileno() for key, _ in again) == sorted(r.fileno() for r, _ in pairs)
-    finally:
-        selector.close()
-        for a, b in pairs:
-            a.close()
-            b.close()
-
-
-def test_freed_memory_is_given_back_in_a_wave_of_closes_and_at_its_tail(monkeypatch: pytest.MonkeyPatch) -> None:
-    trims: list[int] = []
-    monkeypatch.setattr(http1, "_MALLOC_TRIM", lambda pad: trims.append(pad) or 1)
-    connections = http1.Connections(http1.Limits())
-    keys = [object() for _ in range(1000)]
-
-    def sweep_with(n_open: int) -> int:
-        connections.open = dict.fromkeys(keys[:n_open])  # type: ignore[arg-type]
-        before = len(trims)
-        connections._give_back()
-        return len(trims) - before
-
-    assert sweep_with(1000) == 0  # a flood arrives: nothing to give back
-    assert sweep_with(300) == 1  # 700 closed in one sweep
-    assert sweep_with(200) == 0  # still closing, fewer than TRIM_AFTER_CLOSED since the last
-    assert sweep_with(200) == 1  # the closing stopped: its tail goes back too
-    assert sweep_with(200) == 0  # and only once
-    assert sweep_with(190) == 0  # churn of a few connections costs no trim
-    assert sweep_with(190) == 0

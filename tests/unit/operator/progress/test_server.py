@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from muralist_api.contract.progress import ProgressReport
-from muralist_operator.progress import http1
 from muralist_operator.progress.auth import Identity, Verdict
+from muralist_operator.progress.connections import DEFAULT_LIMITS, Limits
 from muralist_operator.progress.server import ProgressServer, RefusalLog, client_context
 from muralist_operator.progress.tls import TlsMaterial, issue, new_ca, service_names
 
@@ -71,7 +71,7 @@ def body(**changes: Any) -> dict[str, Any]:
 
 
 class Harness:
-    def __init__(self, lookups_block: bool = True, limits: http1.Limits = http1.DEFAULT_LIMITS) -> None:
+    def __init__(self, lookups_block: bool = True, limits: Limits = DEFAULT_LIMITS) -> None:
         self.active = True
         self.interval = 3
         self.reports: list[tuple[str, str, ProgressReport]] = []
@@ -203,7 +203,7 @@ def ended_by_server(sock: socket.socket) -> bool:
 
 
 def test_over_tls_only_a_pod_that_posted_keeps_its_connection() -> None:
-    h = Harness(limits=http1.Limits(handshake_timeout=0.3, request_timeout=0.3, idle_timeout=30))
+    h = Harness(limits=Limits(handshake_timeout=0.3, request_timeout=0.3, idle_timeout=30))
     h.server.start()
     h.conn = SniConnection(h.server.port, client_context(TLS.ca_pem or b""))
     try:

@@ -13,7 +13,7 @@ import pytest
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import main
 from muralist_runtime.outputs import layouts, shards, temps, writer
-from muralist_runtime.render.state import RunState
+from muralist_runtime.run_state import RunState
 from muralist_runtime.work.chunks import NothingLeft
 
 # Every writer of the output tree, killed at its rename: the process dies there, so it cleans

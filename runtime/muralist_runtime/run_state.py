@@ -1,5 +1,8 @@
 """What a rank's run learns and holds: the `Job` (what checking the spec found) and the `RunState`
-(what the run has set up so far, so that a failure can still report and clean up)."""
+(what the run has set up so far, so that a failure can still report and clean up).
+
+No stage of its own: main.py fills it step by step and the claim/render loop reads it, so it sits
+between them in the import layers, above the stages whose objects it holds."""
 
 from __future__ import annotations
 
@@ -11,14 +14,15 @@ from muralist_api.contract import Counts
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
-from ..model.strategies import ParallelStrategy, Plan
-from ..outputs.layouts import FilesLayout, WebDatasetLayout
-from ..outputs.writer import BackgroundWriter, JobFile
-from ..report.progress import PodReporter, RankProgress
-from ..work.chunks import WorkPlan
-from ..work.claims import ClaimClient, ClaimServer
-from ..work.rows import Rows
-from ..world.distributed import DistributedWorld
+from .model.strategies import ParallelStrategy, Plan
+from .outputs.layouts import FilesLayout, WebDatasetLayout
+from .outputs.writer import BackgroundWriter, JobFile
+from .report.progress import RankProgress
+from .report.push import PodReporter
+from .work.chunks import WorkPlan
+from .work.claims import ClaimClient, ClaimServer
+from .work.rows import Rows
+from .world.distributed import DistributedWorld
 
 T = TypeVar("T")
 

@@ -1,0 +1,33 @@
+"""The model's plan, made before the world exists: the strategy, the model resolved, the layout
+checked against the catalog and the model's config files.
+
+Before the world: the world's groups are the plan's group size, and a layout that the model
+cannot run is a permanent failure found in seconds, by every rank at once, instead of after
+minutes of loading weights.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from muralist_api.runtime_spec import RuntimeSpec
+
+from ..world import distributed
+from . import pipeline, strategies
+from .strategies import ParallelStrategy, Plan
+
+log = logging.getLogger("muralist")
+
+
+def plan_model(runtime: RuntimeSpec) -> tuple[ParallelStrategy, Plan, str, str | None, bool]:
+    """The strategy and its plan, the model's source and revision, and whether it runs on GPUs."""
+    spec = runtime.spec
+    gpu = distributed.uses_gpu(spec.parallelism)
+    if spec.parallelism.gpus_per_node > 0 and not gpu:
+        log.warning("spec asks for %d GPUs per node but none is visible: running on CPU",
+                    spec.parallelism.gpus_per_node)
+    strategy = strategies.get_strategy(spec.parallelism.strategy)
+    # Resolved (a tiny model built) before the world exists: see resolve_model.
+    source, revision = pipeline.resolve_model(runtime)
+    plan = strategy.plan(spec, source, revision, gpu)
+    return strategy, plan, source, revision, gpu
