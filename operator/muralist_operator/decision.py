@@ -21,6 +21,7 @@ REASON_POD_FAILED = "PodFailed"
 REASON_STALLED = "Stalled"
 REASON_EVICTED = "Evicted"
 REASON_WORLD_FAILED = "WorldPeerFailed"
+REASON_ALL_ITEMS_FAILED = "AllItemsFailed"
 
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Complete", "Failed", "Ready", "Stalled")
 

@@ -14,6 +14,7 @@ from muralist_api.job import DiffusionJob
 from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus, Phase
 
 from muralist_operator.decision import (
+    REASON_ALL_ITEMS_FAILED,
     REASON_DEADLINE,
     REASON_STALLED,
     REASON_WORLD_FAILED,
@@ -81,6 +82,11 @@ def _summarise(status: DiffusionJobStatus) -> None:
     p = status.progress
     p.summary = f"{p.completed}/{p.total}"
     p.eta = eta_text(p.estimated_seconds_remaining)
+
+
+def _every_item_failed(status: DiffusionJobStatus) -> bool:
+    p = status.progress
+    return p.total > 0 and p.completed == 0 and p.failed >= p.total
 
 
 def _create_job(t: Transition, job: DiffusionJob, now: datetime) -> Decision:
@@ -162,6 +168,14 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
         return t.decision
 
     # 5. Outcomes: the Job's, and each index's failures.
+    if current.complete and _every_item_failed(st):
+        # A runtime image from before runPolicy.maxFailedItems ends such a job with exit 0: a job
+        # that made nothing is never Succeeded, whichever image ran it.
+        p = st.progress
+        t.phase(Phase.FAILED, REASON_ALL_ITEMS_FAILED,
+                f"every item failed ({p.failed} of {p.total}); each item's error is in the manifest under "
+                f"{job.output_path}")
+        return t.decision
     if current.complete:
         t.phase(Phase.SUCCEEDED, "Completed", f"{max(st.progress.completed, st.progress.total - st.progress.failed)} "
                 f"images in {job.output_path}")

@@ -242,3 +242,15 @@ def test_no_event_without_a_transition() -> None:
     job = make_job().job()
     first = decide(job, status(phase="Running"), 1, Observed(job=job_view(ready=1), pods=[pod(0)]), NOW)
     assert first.events == []
+
+
+def test_a_complete_job_whose_every_item_failed_is_failed_not_succeeded() -> None:
+    # What a runtime image from before maxFailedItems reports: exit 0, every item failed.
+    st = status(phase="Running", progress={"completed": 0, "failed": 2, "total": 2})
+    d = decide(make_job().job(), st, 1, Observed(job=job_view(complete=True)), NOW)
+    assert d.status.phase == Phase.FAILED
+    assert "AllItemsFailed" in {c.reason for c in d.status.conditions if c.type == "Failed"}
+    assert d.status.message.startswith("every item failed (2 of 2)")
+    # One item made is a success with a failed item (runPolicy.maxFailedItems is the runtime's to apply).
+    st = status(phase="Running", progress={"completed": 1, "failed": 1, "total": 2})
+    assert decide(make_job().job(), st, 1, Observed(job=job_view(complete=True)), NOW).status.phase == Phase.SUCCEEDED
