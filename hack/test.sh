@@ -17,4 +17,5 @@ export MURALIST_REQUIRE_E2E=1
 # And the gallery's browser test (Debian's chromium and chromedriver, installed when missing).
 export MURALIST_REQUIRE_BROWSER=1
 bash hack/checks.sh   # ruff, lint-imports, mypy: also the pre-commit hooks
-exec "$VENV/bin/python" -m pytest "$@"
+# The 30 slowest steps close every run: where the CI budget (warm <= 15 min) goes.
+exec "$VENV/bin/python" -m pytest --durations=30 "$@"
