@@ -98,6 +98,8 @@ class Observed:
     job: JobView | None = None
     pods: list[PodView] = field(default_factory=list)
     progress: JobProgress | None = None
+    # The aggregator's count of changes that `progress` reflects (Aggregator.written reads it).
+    progress_changes: int | None = None
 
 
 def job_view(body: Mapping[str, Any]) -> JobView:

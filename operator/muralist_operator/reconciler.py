@@ -156,7 +156,10 @@ class Reconciler:
                     pod=pod.name, index=pod.index, attempt=pod.failure_count, ranks=1, completed=c.completed,
                     skipped=c.skipped, failed=c.failed, total=c.total, last_step_time=None, last_image_time=None,
                     sent_at=datetime.now(UTC), final=True), now=None)
-        return Observed(job=jobs[0] if jobs else None, pods=pods, progress=self.aggregator.snapshot(key))
+        # Read before the snapshot: a report landing in between is then written again, not lost.
+        changes = self.aggregator.changes(key)
+        return Observed(job=jobs[0] if jobs else None, pods=pods, progress=self.aggregator.snapshot(key),
+                        progress_changes=changes)
 
     def seen(self, key: Key, body: dict[str, Any]) -> bool:
         """A DiffusionJob from its watch: kept as the latest known. False when it is the echo of
@@ -246,6 +249,7 @@ class Reconciler:
         # the events, only once the status says what they announce.
         suppressed = self._act(body, decision, children) if job is not None else set()
         new_status = decision.status.wire()
+        changes_seen = observed.progress_changes if observed is not None else None
         due = self.aggregator.next_due(key) == 0
         if new_status != raw_status and (due or _besides_progress(new_status) != _besides_progress(raw_status)):
             try:
@@ -255,9 +259,9 @@ class Reconciler:
                 self._remember_body(key, None)  # read it again next time
                 raise
             self._remember_body(key, written)
-            self.aggregator.written(key)
+            self.aggregator.written(key, changes_seen)
         elif due:
-            self.aggregator.written(key)  # nothing to write: the counts are already there
+            self.aggregator.written(key, changes_seen)  # nothing to write: the counts are already there
         for event in decision.events:
             if event.reason in suppressed:
                 continue

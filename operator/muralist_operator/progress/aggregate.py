@@ -131,6 +131,9 @@ class _Job:
     rendered: int = 0
     samples: deque[tuple[float, int]] = field(default_factory=deque)
     dirty: bool = True
+    # Counts changes so far: a status write clears `dirty` only for the changes it had read, so
+    # a report that lands while a reconcile writes an older snapshot is written next time.
+    changes: int = 0
     last_write: float | None = None
     slowest_gap: float | None = None
 
@@ -212,6 +215,7 @@ class Aggregator:
                 # hundreds of images in it: none of them counts toward the rate.
                 state.slots[report.index] = _Slot(report, now)
                 state.dirty = True
+                state.changes += 1
                 return True
             old = slot.report
             if report.attempt < old.attempt or report.pod in slot.retired:
@@ -232,6 +236,7 @@ class Aggregator:
                 self._add_rendered(state, rendered, now)
             if (slot.done, slot.report.failed, slot.report.total, slot.report.final) != before:
                 state.dirty = True
+                state.changes += 1
             return True
 
     def set_total(self, job: JobKey, total: int | None) -> None:
@@ -243,19 +248,28 @@ class Aggregator:
             if state.known_total != total:
                 state.known_total = total
                 state.dirty = True
+                state.changes += 1
 
     def forget(self, job: JobKey) -> None:
         with self._lock:
             self._jobs.pop(job, None)
 
-    def written(self, job: JobKey, now: float | None = None) -> None:
+    def changes(self, job: JobKey) -> int:
+        """How many times this job's counts have changed: read before a snapshot, handed to `written`."""
+        with self._lock:
+            state = self._jobs.get(job)
+            return state.changes if state is not None else 0
+
+    def written(self, job: JobKey, seen: int | None = None, now: float | None = None) -> None:
         """The caller wrote this job's progress in a status write of its own (a reconcile that
-        had other reasons to write): the throttle counts it like one `due` granted."""
+        had other reasons to write): the throttle counts it like one `due` granted. `seen`: the
+        `changes` read before the snapshot that was written; a change since stays due."""
         now = self._clock() if now is None else now
         with self._lock:
             state = self._jobs.get(job)
             if state is not None:
-                state.dirty = False
+                if seen is None or seen == state.changes:
+                    state.dirty = False
                 state.last_write = now
 
     def mark_dirty(self, job: JobKey) -> None:

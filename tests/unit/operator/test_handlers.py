@@ -161,3 +161,24 @@ def test_the_echo_of_our_own_status_write_costs_nothing() -> None:
     older = copy.deepcopy(kube.body)
     older["metadata"]["resourceVersion"] = "0"
     assert r.seen(KEY, older) is True and r.bodies[KEY]["metadata"]["resourceVersion"] != "0"  # never goes back
+
+
+def test_a_report_landing_while_the_reconcile_writes_an_older_snapshot_is_written_next() -> None:
+    # A pod's final post lands between the reconcile's snapshot and its status write; no pod
+    # posts again, so were `dirty` cleared for it, the final counts would never reach status.
+    r, kube, clock = running_reconciler([pod(0), pod(1)])
+    r.on_report("ns", "cats", post(0, 1))
+    snapshot = r.aggregator.snapshot
+
+    def snapshot_then_a_post_lands(*args: Any, **kwargs: Any) -> Any:
+        taken = snapshot(*args, **kwargs)
+        r.aggregator.snapshot = snapshot  # type: ignore[method-assign]
+        r.on_report("ns", "cats", post(0, 6))
+        return taken
+
+    r.aggregator.snapshot = snapshot_then_a_post_lands  # type: ignore[method-assign]
+    r.reconcile(*KEY)
+    assert [p["progress"]["completed"] for p in kube.patches] == [1]
+    clock.now += 1.0
+    r.reconcile(*KEY)
+    assert [p["progress"]["completed"] for p in kube.patches] == [1, 6]

@@ -358,3 +358,23 @@ def test_parse_report_names_the_bad_field(changes: dict[str, Any], error: str) -
 def test_parse_report_refuses_a_non_object() -> None:
     with pytest.raises(ReportError, match="must be a JSON object, not list"):
         ProgressReport.from_wire(b"[1, 2]")
+
+
+def test_a_report_that_lands_while_an_older_snapshot_is_written_stays_due() -> None:
+    # The reconcile reads `changes`, snapshots, decides and writes; a pod's final report lands in
+    # between. Clearing `dirty` for it would lose the final counts: no pod posts again.
+    clock = Clock()
+    agg = Aggregator(clock=clock, write_interval=1.0)
+    agg.record(JOB, report(completed=1))
+    seen = agg.changes(JOB)
+    snap = agg.snapshot(JOB)
+    agg.record(JOB, report(completed=6, final=True))
+    agg.written(JOB, seen)
+    assert snap is not None and snap.completed == 1
+    assert agg.next_due(JOB) == 1.0  # still due, after the throttle
+    clock.now += 1.0
+    assert agg.due(JOB)
+    # With nothing in between, the write clears it.
+    agg.record(JOB, report(completed=7))
+    agg.written(JOB, agg.changes(JOB))
+    assert agg.next_due(JOB) is None
