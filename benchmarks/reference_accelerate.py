@@ -38,7 +38,7 @@ def main() -> int:
     out = Path(args.output)
     prompts: list[str] = json.loads(Path(args.prompts).read_text())
     # On a CPU box `--multi_gpu` starts the processes and PartialState(cpu=True) joins them
-    # with gloo (FACTS.md: without --multi_gpu accelerate starts one process only).
+    # with gloo (measured here: without --multi_gpu accelerate starts one process only).
     state = PartialState(cpu=True)
     pipe = FluxPipeline.from_pretrained(args.model, dtype=torch.float32)
     pipe.to(state.device)

@@ -23,7 +23,7 @@ source "$(dirname "$0")/env.sh"
 cd "$REPO_ROOT"
 
 WHEELS=${MURALIST_GPU_WHEELS:-$REPO_ROOT/build/gpu-wheels}
-# What the lent GPU image lacks for the image-job paths (KINDS.md's package list): diffusers and
+# What the lent GPU image lacks for the image-job paths (the lent machine's package list, as its provider documents it): diffusers and
 # its importlib-metadata, pydantic and its parts; typing-extensions and zipp as new as pydantic
 # and importlib-metadata need. Everything else (torch, transformers, accelerate, safetensors,
 # huggingface-hub, tokenizers, numpy, Pillow, PyYAML, tqdm, psutil) is in that image.
