@@ -9,14 +9,14 @@ the world, load the pipeline, generate and write, summarise. Each step hands its
 stage folders in turn, so a rank's run enters them in this order (tests/runtime/test_runtime_stages.py
 measures it):
 
-    Stages: work, model, world, outputs, work, report, model, render, report, outputs, report
+    Stages: plan, world, outputs, work, report, model, render, report, outputs, report
 
-It goes back to a stage only for these reasons: the work and the model are planned before the
-world (the world's groups are the plan's group size; a spec that cannot run fails every rank at
-once, before any waits for the others), and the claim store and the pipeline need the world;
-progress starts before the model loads (minutes: a silent pod would look stalled), and ends
-with the rank's done, which the merge's wait reads; the job folder is opened before the work
-is claimed and merged after it; the verdict is reported last.
+Each stage's folder is entered once, in that order, except the two that bracket the run: the job
+folder (outputs) is opened before the work is claimed and merged after it, and progress (report)
+starts before the model loads (minutes: a silent pod would look stalled), ends with the rank's
+done, which the merge's wait reads, and carries the verdict last. The plan comes first and the
+work and the model come after the world because the claim store and the pipeline need the world,
+and the world's groups are the plan's group size.
 
 Exit codes (the pod contract): 0 done; PERMANENT_FAILURE_EXIT_CODE (78) when retrying cannot
 help; anything else (1) is retryable. torchrun replaces a worker's code with its own, so the
@@ -46,15 +46,15 @@ from muralist_api.runtime_spec import RuntimeSpec
 from pydantic import ValidationError
 
 from .model import loading
-from .model import planning as planning_model
 from .outputs import job_folder, merge
 from .outputs.temps import TempRemoved
+from .plan import model as model_plan
+from .plan import work as work_plan
 from .render import claim_loop
 from .report import progress, rank_files
 from .report.rank_files import progress_dir, read_counts
 from .report.termination import termination_log_path, write_termination
 from .run_state import Job, RunState
-from .work import planning as planning_work
 from .work import store
 from .work.chunks import NothingLeft
 from .world import distributed
@@ -105,12 +105,12 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-# 1. Check the spec and plan: the work (rows, chunks), then the model (work/planning.py and
-# model/planning.py say why before the world).
+# 1. Check the spec and plan: the work (rows, chunks), then the model (plan/ says why before the
+# world).
 def check_spec(spec_path: str) -> Job:
     runtime = read_spec(spec_path)
-    source_rows, plan_of_work, first = planning_work.plan_work(runtime)
-    strategy, plan, source, revision, gpu = planning_model.plan_model(runtime)
+    source_rows, plan_of_work, first = work_plan.plan_work(runtime)
+    strategy, plan, source, revision, gpu = model_plan.plan_model(runtime)
     return Job(runtime, strategy, plan, source_rows, plan_of_work, first, source, revision, gpu)
 
 

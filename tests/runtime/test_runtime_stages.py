@@ -3,7 +3,8 @@
 Measured on a real run (the tiny model, one rank, no hub) under sys.setprofile: every call made
 from a frame of muralist_runtime/main.py into a stage folder is recorded by its folder, and
 consecutive calls into one folder count as one visit. The order must be the one main's
-docstring gives on its `Stages:` line (the docstring says why a stage is visited again).
+docstring gives on its `Stages:` line, and only the stages that bracket the run (the job folder,
+progress) may be visited again (the docstring says why).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from muralist_runtime import main
 
 from .conftest import make_job, runtime_spec_json
 
-STAGES = ("world", "work", "model", "render", "outputs", "report")
+STAGES = ("plan", "world", "work", "model", "render", "outputs", "report")
+# The stages that bracket the run (opened before the work, closed after it): the only ones entered twice.
+BRACKETS = ("outputs", "report")
 
 # Runs in a process of its own (the run sets up logging and its world); prints the calls as JSON.
 PROBE = """
@@ -76,3 +79,5 @@ def test_the_main_path_enters_the_stages_in_the_documented_order(tmp_path: Path,
     calls = "\n".join(" ".join(call) for call in measured["calls"])
     assert order == documented_order(), f"measured: {', '.join(order)}\ncalls (stage, file, function, step):\n{calls}"
     assert sorted(set(order)) == sorted(STAGES), "every stage is on the main path"
+    again = sorted({stage for stage in order if order.count(stage) > 1} - set(BRACKETS))
+    assert not again, f"entered more than once: {again} (measured: {', '.join(order)})"

@@ -10,9 +10,9 @@ from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
-from . import chunks, rows
-from .chunks import WorkPlan
-from .rows import Rows
+from ..work import chunks, rows
+from ..work.chunks import WorkPlan
+from ..work.rows import Rows
 
 
 def plan_work(runtime: RuntimeSpec) -> tuple[Rows, WorkPlan, Item]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime.work.planning import plan_work
+from muralist_runtime.plan.work import plan_work
 
 from tests.builders import JobBuilder
 

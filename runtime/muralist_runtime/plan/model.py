@@ -12,9 +12,9 @@ import logging
 
 from muralist_api.runtime_spec import RuntimeSpec
 
+from ..model import pipeline, strategies
+from ..model.strategies import ParallelStrategy, Plan
 from ..world import distributed
-from . import pipeline, strategies
-from .strategies import ParallelStrategy, Plan
 
 log = logging.getLogger("muralist")
 
