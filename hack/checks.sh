@@ -9,13 +9,20 @@ set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$REPO_ROOT"
 
-CI_CHECKS=(ruff imports types)
+CI_CHECKS=(ruff imports types docs)
 
 run_check() {
     case "$1" in
         ruff) "$VENV/bin/ruff" check . ;;
         imports) "$VENV/bin/lint-imports" ;;
         types) "$VENV/bin/mypy" ;;
+        # The docs site (mkdocs.yml): the generated reference current, then a strict build, which
+        # refuses a broken link or anchor; offline and about a second. The site goes to a temporary folder.
+        # Not --quiet: it hides the warnings from strict mode's count, and the build passes with them.
+        docs) "$VENV/bin/python" hack/docs_reference.py --check
+              site=$(mktemp -d)
+              NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --site-dir "$site" || { rm -rf "$site"; return 1; }
+              rm -rf "$site" ;;
         # Not in CI_CHECKS: CI runs the unit tests with every other tier, in hack/test.sh's pytest.
         unit) "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit ;;
         *) echo "hack/checks.sh: unknown check '$1'; one of ${CI_CHECKS[*]} unit" >&2; return 2 ;;
