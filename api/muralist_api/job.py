@@ -114,7 +114,7 @@ class Generation(ApiModel):
         1024, ge=8, le=16384, multiple_of=8, description="Image width in pixels (multiple of 8; some models need 16)."
     )
     images_per_prompt: int = Field(1, ge=1, le=10000, description="Images rendered for each prompt.")
-    seed: int = Field(0, ge=0, description="Base seed; see the determinism rule in the README.")
+    seed: int = Field(0, ge=0, description="Base seed; see the determinism rule in the docs (concepts/items.md).")
     batch_size: int = Field(1, ge=1, le=256, description="Images per pipeline call in one data-parallel group.")
     extra_args: KubeObject = Field(
         default_factory=dict,

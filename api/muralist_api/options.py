@@ -53,5 +53,6 @@ class CacheSpec(ApiModel):
         default_factory=dict,
         description="The cache's knobs in camelCase, e.g. {threshold: 0.1} (FirstBlockCache, MagCache), "
         "{cacheInterval: 4, disableCacheBeforeStep: 2} (TaylorSeer), {spatialAttentionBlockSkipRange: 2} "
-        "(FasterCache, PyramidAttentionBroadcast); `kubectl explain` lists the types, the README the knobs.",
+        "(FasterCache, PyramidAttentionBroadcast); `kubectl explain` lists the types, the docs (tasks/caches.md) "
+        "the knobs.",
     )

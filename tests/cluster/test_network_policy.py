@@ -75,7 +75,7 @@ def test_a_jobs_policy_selects_and_admits_exactly_its_own_pods(dj: DJ, other_nam
     there_policy = dj.core.api_client.sanitize_for_serialization(
         networking.read_namespaced_network_policy("cats", other_namespace))
     assert selected(dj.core, there_policy) == admitted(dj.core, there_policy, namespaces) == cats_there | {
-        (other_namespace, "impostor")}  # what a label can claim in its own namespace (see the README)
+        (other_namespace, "impostor")}  # what a label can claim in its own namespace (docs/concepts/world.md)
     assert [p.metadata.name for p in networking.list_namespaced_network_policy(dj.ns).items] == ["cats"]
 
     dj.custom.delete_namespaced_custom_object("muralist.dev", "v1alpha1", dj.ns, "diffusionjobs", "cats")

@@ -28,8 +28,8 @@ RUN_TIMEOUT = 300
 
 
 def quickstart_on_two_pods(namespace: str, volume: Path, name: str = "quickstart") -> dict[str, Any]:
-    """The README's examples/quickstart-real-node.yaml (the CPU quickstart on 2 pods x 1 process,
-    output on a hostPath), in a namespace and directory of the test's own."""
+    """examples/quickstart-real-node.yaml, the quickstart of docs/development/real-node.md (the CPU
+    quickstart on 2 pods x 1 process, output on a hostPath), in a namespace and directory of the test's own."""
     job = yaml.safe_load((REPO / "examples" / "quickstart-real-node.yaml").read_text())
     assert job["spec"]["parallelism"] == {"strategy": "DataParallel", "nodes": 2, "gpusPerNode": 0,
                                           "processesPerNode": 1}
