@@ -116,3 +116,11 @@ def test_a_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None:
         (docs / "index.md").write_text((REPO / "docs" / "index.md").read_text() + f"\n{broken}\n")
         with pytest.raises(Abort, match="strict mode"):
             _build(tmp_path / "site", docs)
+
+
+def test_the_readme_and_contributing_link_to_files_that_exist() -> None:
+    # They are read on the forge, outside the site, so mkdocs' link check never sees them.
+    link = re.compile(r"\]\((?!https?://|#)([^)#\s]+)")
+    for name in ("README.md", "CONTRIBUTING.md"):
+        targets = link.findall((REPO / name).read_text())
+        assert [t for t in targets if not (REPO / t).exists()] == [], name
