@@ -51,6 +51,18 @@ def _tiny_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _submit(args: argparse.Namespace) -> int:
+    from muralist_cli.jobs import submit
+
+    return submit(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from muralist_cli.jobs import status
+
+    return status(args)
+
+
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = kind(text)
@@ -145,6 +157,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The folder standing in for spec.dataset.volume (default: its hostPath).")
     p.add_argument("--inputs-dir", default=None,
                    help="The folder standing in for spec.inputs.volume (default: its hostPath).")
+
+    from muralist_cli.jobs import add_connection_arguments
+
+    p = command("submit", _submit, "Create a DiffusionJob on the cluster (checked as `validate` checks it first); "
+                "with --follow, show its progress and exit with its outcome: 0 Succeeded, 1 Failed, 124 timed out.")
+    p.add_argument("manifest", metavar="JOB.yaml",
+                   help="One DiffusionJob (and the ConfigMaps it reads, if any); '-' reads stdin.")
+    p.add_argument("--follow", "-f", action="store_true", help="Follow the job to its end with a progress bar.")
+    p.add_argument("--timeout", type=_positive(float), default=None, metavar="SECONDS",
+                   help="With --follow: stop following after this long (exit 124; the job keeps running).")
+    p.add_argument("--quiet", "-q", action="store_true", help="With --follow: no progress bar.")
+    add_connection_arguments(p)
+
+    p = command("status", _status, "Show a DiffusionJob's phase, progress, rate and ETA, failed items and indexes.")
+    p.add_argument("name", metavar="NAME")
+    add_connection_arguments(p)
 
     p = command("tiny-pipeline", _tiny_pipeline, "Build a tiny random-weight Flux pipeline offline into DIRECTORY.")
     p.add_argument("directory", metavar="DIR")
