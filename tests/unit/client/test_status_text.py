@@ -38,6 +38,9 @@ def test_describe_a_job_not_started() -> None:
 def test_the_bar_counts_failed_items_as_done_and_waits_for_a_total() -> None:
     assert bar_state(RUNNING.progress) == BarState(120, 500, "2.31 img/s, ETA 2m44s, 3 failed")
     assert bar_state(Progress(completed=4)) == BarState(4, None, "no rate yet")
+    finished = Progress(total=2, completed=2, eta="0s", estimated_seconds_remaining=0)
+    assert bar_state(finished) == BarState(2, 2, "no rate yet")
+    assert bar_state(Progress(total=4, completed=2, failed=1)).suffix == "1 failed"
 
 
 def test_progress_line_without_the_operators_percent() -> None:
