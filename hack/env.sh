@@ -13,5 +13,5 @@ ensure_venv() {
     fi
     # Editable, so the venv follows whichever clone installed it last. pip is quick when
     # everything is already there (the first install downloads torch: several GB).
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$REPO_ROOT/api" -e "$REPO_ROOT[operator,runtime,dev]" >&2
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e "$REPO_ROOT/api" -e "$REPO_ROOT[operator,runtime,client,dev]" >&2
 }
