@@ -20,6 +20,7 @@ from tests.builders import make_job
 from tests.cluster.test_progress_push import Poster
 from tests.kube_helpers import fate_annotations, set_pod_fate
 from tests.operator_helpers import DJ, OperatorProcess
+from tests.unit.client.test_results import merged_folder
 
 pytestmark = pytest.mark.cluster
 
@@ -29,11 +30,13 @@ def client(kube_api: Any, namespace: str, operator: OperatorProcess) -> Client:
     return Client(namespace=namespace, api_client=kube_api)
 
 
-def test_create_follow_wait_succeeded(client: Client, dj: DJ, monkeypatch: pytest.MonkeyPatch,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_create_follow_wait_succeeded_and_read_the_results(client: Client, dj: DJ, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # Watches of a second: the job outlives several, each resumed from the last resourceVersion seen.
     monkeypatch.setattr(following, "WATCH_WINDOW_SECONDS", 1)
-    job = DiffusionJob.model_validate(make_job("cats").world(nodes=1, gpus=1)
+    # kwok's pods write nothing: the job's hostPath folder gets a folder the runtime's merge wrote.
+    output = {"path": "7266f35-webdataset", "volume": {"hostPath": {"path": str(tmp_path)}}}
+    job = DiffusionJob.model_validate(make_job("cats").world(nodes=1, gpus=1).set("spec.output", output)
                                       .pod_template(annotations=fate_annotations("run")).obj())
     created = client.create(job)
     assert (created.metadata.name, created.metadata.namespace) == ("cats", client.namespace)
@@ -55,6 +58,9 @@ def test_create_follow_wait_succeeded(client: Client, dj: DJ, monkeypatch: pytes
     assert "cats Succeeded" in capsys.readouterr().err
     assert [j.metadata.name for j in client.list()] == ["cats"]
     assert client.get("cats").status == final
+    merged_folder(tmp_path, "7266f35-webdataset")
+    assert client.results("cats").column("key").to_pylist()[:2] == ["00000-000", "00000-001"]
+    assert client.open_image("cats", "00001-000").size == (16, 16)
     client.delete("cats")
     with pytest.raises(ApiException) as err:
         client.get("cats")
