@@ -18,7 +18,7 @@ from muralist_cli import main
 
 from tests.builders import make_job
 from tests.cluster.test_progress_push import Poster
-from tests.kube_helpers import fate_annotations, set_pod_fate
+from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
 from tests.operator_helpers import DJ, OperatorProcess
 from tests.unit.client.test_results import merged_folder
 
@@ -46,6 +46,8 @@ def test_create_follow_wait_succeeded_and_read_the_results(client: Client, dj: D
     follower.start()
     pod = dj.wait_pods("cats", 1)[0]
     assert Poster(dj, pod).post(completed=1, total=2)[0] in (200, 204)
+    # Written before the pod ends, so the follower's watch is sure to carry it.
+    wait_for(lambda: dj.status("cats").get("progress", {}).get("completed") == 1, message="progress 1/2 written")
     set_pod_fate(dj.core, pod.metadata.name, dj.ns, "succeed", after="1s")
     follower.join(timeout=60)
 
