@@ -34,11 +34,15 @@ def connect(kubeconfig: str | os.PathLike[str] | None = None, context: str | Non
     config: Any = importlib.import_module("kubernetes.config")  # untyped: its calls are Any
     try:
         contexts, active = config.list_kube_config_contexts(config_file=str(kubeconfig) if kubeconfig else None)
-    except config.ConfigException:
+    except config.ConfigException as no_kubeconfig:
         if kubeconfig is not None or context is not None:
             raise
         configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException as not_in_a_pod:
+            raise config.ConfigException(f"no kubeconfig ({no_kubeconfig}) and not in a pod ({not_in_a_pod}); "
+                                         "pass --kubeconfig or set KUBECONFIG") from None
         namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip() if SERVICE_ACCOUNT_NAMESPACE.is_file() else ""
         return client.ApiClient(configuration), namespace or "default"
     chosen = next((c for c in contexts if c["name"] == context), None) if context else active

@@ -35,3 +35,13 @@ def test_a_manifest_naming_another_namespace_than_the_one_given_is_refused(tmp_p
     client = Client(kubeconfig=kubeconfig(tmp_path), namespace="mine")
     with pytest.raises(ValueError, match="namespace theirs is not the client's mine"):
         client.create(make_job("cats", namespace="theirs").obj())
+
+
+def test_without_a_kubeconfig_outside_a_pod_both_reasons_are_given(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.config import ConfigException, kube_config
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "none"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigException, match=r"no kubeconfig \(.*\) and not in a pod \(.*\); pass --kubeconfig"):
+        Client()
