@@ -17,5 +17,12 @@ export MURALIST_REQUIRE_E2E=1
 # And the gallery's browser test (Debian's chromium and chromedriver, installed when missing).
 export MURALIST_REQUIRE_BROWSER=1
 bash hack/checks.sh   # ruff, lint-imports, mypy: also the pre-commit hooks
+# Two workers: the real-node chain (image builds and pods: mostly waiting) beside the CPU-bound
+# rest (tests/parallel_plugin.py). MURALIST_TEST_WORKERS=0 runs everything in this process.
+workers=${MURALIST_TEST_WORKERS:-2}
+parallel=()
+if [ "$workers" != 0 ]; then
+    parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)
+fi
 # The 30 slowest steps close every run: where the CI budget (warm <= 15 min) goes.
-exec "$VENV/bin/python" -m pytest --durations=30 "$@"
+exec "$VENV/bin/python" -m pytest "${parallel[@]}" --durations=30 "$@"

@@ -22,14 +22,15 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests import summary_plugin
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -46,27 +47,12 @@ CHROMIUM_FLAGS = (
     "--window-size=1280,900",
 )
 SELENIUM_ENV = {"SE_OFFLINE": "true", "SE_MANAGER_PATH": "/nonexistent/selenium-manager"}
-TIMINGS = pytest.StashKey[dict[str, float]]()
+SUMMARY_SECTION = "setup step timings (browser)"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.stash[TIMINGS] = {}
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    timings = config.stash.get(TIMINGS, {})
-    if timings:
-        terminalreporter.section("setup step timings (browser)")
-        for step, seconds in timings.items():
-            terminalreporter.write_line(f"{step:<40} {seconds:7.1f} s")
-
-
-@contextmanager
-def timed(config: pytest.Config, step: str) -> Iterator[None]:
-    """Add the block's duration to `step` (a step such as a browser start repeats per test)."""
-    start = time.monotonic()
-    yield
-    config.stash[TIMINGS][step] = config.stash[TIMINGS].get(step, 0.0) + time.monotonic() - start
+def timed(config: pytest.Config, step: str) -> AbstractContextManager[None]:
+    """Add the block's duration to `step` in the run's summary (a browser start repeats per test)."""
+    return summary_plugin.timed(config, SUMMARY_SECTION, step)
 
 
 def unavailable(reason: str, module: bool = False) -> None:

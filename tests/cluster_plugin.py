@@ -30,13 +30,13 @@ from typing import Any
 
 import pytest
 
+from tests import summary_plugin
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
 
 __all__ = ["fate_annotations", "load_controlplane", "set_pod_fate", "wait_for"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONTROLPLANE_PY = REPO_ROOT / "hack" / "controlplane.py"
-LOGS_KEPT = pytest.StashKey[Path]()
 
 
 def load_controlplane() -> ModuleType:
@@ -56,12 +56,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster: needs the real control plane built by hack/cluster-binaries.sh")
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    kept = config.stash.get(LOGS_KEPT, None)
-    if kept is not None:
-        terminalreporter.write_line(f"control plane logs kept in {kept}")
-
-
 def _unavailable(reason: str) -> None:
     if os.environ.get("MURALIST_REQUIRE_CLUSTER") == "1":
         pytest.fail(f"{reason} (MURALIST_REQUIRE_CLUSTER=1)", pytrace=False)
@@ -72,7 +66,7 @@ def _keep_logs(config: pytest.Config, log_dir: Path) -> None:
     target = Path(tempfile.gettempdir()) / f"muralist-controlplane-logs-{os.getpid()}"
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(log_dir, target)
-    config.stash[LOGS_KEPT] = target
+    summary_plugin.note(config, "logs kept", "control plane", str(target))
 
 
 @pytest.fixture(scope="session")

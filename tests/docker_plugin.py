@@ -15,37 +15,25 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests import summary_plugin
 
 BASE_IMAGE = "muralist-base:bookworm"
 TEST_LABEL = "dev.muralist.test-build=true"
 REPO = Path(__file__).resolve().parents[1]
 # HTTPS from a build goes through the host's proxy: trust what the host trusts.
 EXTRA_CA = Path(os.environ.get("MURALIST_EXTRA_CA", "/etc/ssl/certs/ca-certificates.crt"))
-TIMINGS = pytest.StashKey[dict[str, float]]()
+SUMMARY_SECTION = "setup step timings (docker, real node)"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.stash[TIMINGS] = {}
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    timings = config.stash.get(TIMINGS, {})
-    if timings:
-        terminalreporter.section("setup step timings (docker, real node)")
-        for step, seconds in timings.items():
-            terminalreporter.write_line(f"{step:<40} {seconds:7.1f} s")
-
-
-@contextmanager
-def timed(config: pytest.Config, step: str) -> Iterator[None]:
-    start = time.monotonic()
-    yield
-    config.stash[TIMINGS][step] = time.monotonic() - start
+def timed(config: pytest.Config, step: str) -> AbstractContextManager[None]:
+    """Time a setup step into the run's summary (tests/summary_plugin.py)."""
+    return summary_plugin.timed(config, SUMMARY_SECTION, step)
 
 
 def unavailable(reason: str) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests import summary_plugin
 from tests.cluster_plugin import load_controlplane
 from tests.docker_plugin import Docker, timed
 from tests.kube_helpers import wait_for
@@ -147,7 +148,7 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
             for part, log_dir in logs.items():
                 if log_dir.is_dir():
                     shutil.copytree(log_dir, keep / part, dirs_exist_ok=True)
-            sys.stderr.write(f"\nreal-node logs kept in {keep}\n")
+            summary_plugin.note(request.config, "logs kept", "real node", str(keep))
         left = leftovers(state_dir)
         shutil.rmtree(state_dir, ignore_errors=True)
         assert not left, f"dev-cluster.sh down left behind: {left}"
