@@ -1,11 +1,17 @@
-"""Prometheus metrics: jobs by phase, reconcile duration, restarts."""
+"""Prometheus metrics: jobs by phase, reconcile duration, restarts; and, read from memory when
+Prometheus scrapes, each job's progress and the progress endpoint's answers."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from muralist_operator.progress.aggregate import Aggregator
 
 RECONCILE_SECONDS = Histogram(
     "muralist_reconcile_duration_seconds",
@@ -15,13 +21,16 @@ RECONCILE_SECONDS = Histogram(
 RESTARTS = Counter("muralist_restarts_total", "Pod groups recreated after a failure.", ["reason"])
 JOBS = Gauge("muralist_diffusionjobs", "DiffusionJobs known to this operator, by phase.", ["phase"])
 
+PHASES = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+JOB_LABELS = ["namespace", "diffusionjob"]
+
 _phases: dict[tuple[str, str], str] = {}
 _guard = threading.Lock()
 
 
 def _publish() -> None:
     tally = Tally(_phases.values())
-    for phase in ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"):
+    for phase in PHASES:
         JOBS.labels(phase=phase).set(tally.get(phase, 0))
 
 
@@ -37,5 +46,80 @@ def forget(key: tuple[str, str]) -> None:
         _publish()
 
 
-def serve(port: int) -> None:
+def job_phases() -> dict[tuple[str, str], str]:
+    with _guard:
+        return dict(_phases)
+
+
+class JobCollector(Collector):
+    """Per-job series and the endpoint's counts, built when Prometheus scrapes (every 30 s or so),
+    never per post: the endpoint takes hundreds of posts a second, a scrape costs one snapshot
+    per job.
+
+    The item counts are counters: a job's pods report cumulative counts, so after an operator
+    restart they come back at their level with the pods' next posts (within seconds), not from 0."""
+
+    def __init__(self, aggregator: Aggregator, responses: Callable[[], Mapping[int, int]] | None = None,
+                 phases: Callable[[], Mapping[tuple[str, str], str]] = job_phases) -> None:
+        """`responses`: the progress endpoint's answers so far by HTTP status (None: no endpoint)."""
+        self._aggregator = aggregator
+        self._responses = responses
+        self._phases = phases
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # unchecked: the series come and go with the jobs
+
+    def collect(self) -> Iterator[Metric]:
+        phase = GaugeMetricFamily("muralist_diffusionjob_phase",
+                                  "1 for each DiffusionJob in its current phase (one series per job).",
+                                  labels=[*JOB_LABELS, "phase"])
+        for (namespace, name), current in sorted(self._phases().items()):
+            phase.add_metric([namespace, name, current], 1)
+        yield phase
+        yield from self._progress()
+        if self._responses is not None:
+            answers = CounterMetricFamily("muralist_progress_responses",
+                                          "Progress posts answered by the endpoint, by HTTP status code.",
+                                          labels=["code"])
+            for code, count in sorted(dict(self._responses()).items()):
+                answers.add_metric([str(code)], count)
+            yield answers
+
+    def _progress(self) -> Iterator[Metric]:
+        completed = CounterMetricFamily("muralist_job_items_completed",
+                                        "Items done (rendered, or found done from an earlier attempt), as the "
+                                        "job's pods report them.", labels=JOB_LABELS)
+        failed = CounterMetricFamily("muralist_job_items_failed", "Items that failed, as the job's pods report them.",
+                                     labels=JOB_LABELS)
+        total = GaugeMetricFamily("muralist_job_items", "The job's item count (status.progress.total).",
+                                  labels=JOB_LABELS)
+        rate = GaugeMetricFamily("muralist_job_images_per_second",
+                                 "Images rendered per second over the last minute (status.progress.imagesPerSecond).",
+                                 labels=JOB_LABELS)
+        eta = GaugeMetricFamily("muralist_job_estimated_seconds_remaining",
+                                "Time to finish at the current rate (status.progress.estimatedSecondsRemaining).",
+                                labels=JOB_LABELS)
+        quiet = GaugeMetricFamily("muralist_job_last_progress_timestamp_seconds",
+                                  "The last sign of progress (a denoising step, an image) of the job's longest-quiet "
+                                  "unfinished pod: what stall detection measures from. Absent when no pod is working.",
+                                  labels=JOB_LABELS)
+        for key in sorted(self._aggregator.jobs()):
+            snapshot = self._aggregator.snapshot(key)
+            if snapshot is None:
+                continue  # forgotten since listed
+            labels = list(key)
+            completed.add_metric(labels, snapshot.completed)
+            failed.add_metric(labels, snapshot.failed)
+            total.add_metric(labels, snapshot.total)
+            if snapshot.images_per_second is not None:
+                rate.add_metric(labels, snapshot.images_per_second)
+            if snapshot.estimated_seconds_remaining is not None:
+                eta.add_metric(labels, snapshot.estimated_seconds_remaining)
+            if snapshot.oldest_progress_time is not None:
+                quiet.add_metric(labels, snapshot.oldest_progress_time.timestamp())
+        yield from (completed, failed, total, rate, eta, quiet)
+
+
+def serve(port: int, aggregator: Aggregator, responses: Callable[[], Mapping[int, int]] | None) -> None:
+    REGISTRY.register(JobCollector(aggregator, responses))
     start_http_server(port)
