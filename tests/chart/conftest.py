@@ -1,7 +1,7 @@
 """Helpers for the chart tests: render charts/muralist with helm, apply manifests with kubectl.
 
-helm and kubectl come from the control plane's binary directory (hack/cluster-binaries.sh
-builds both), or from PATH.
+helm, kubectl, promtool and dashboard-check come from the control plane's binary directory
+(hack/cluster-binaries.sh builds them), or from PATH.
 """
 
 from __future__ import annotations
@@ -29,15 +29,21 @@ def find_tool(name: str) -> str | None:
     return shutil.which(name)
 
 
-@pytest.fixture(scope="session")
-def helm() -> str:
-    path = find_tool("helm")
+def require_tool(name: str) -> str:
+    """A binary hack/cluster-binaries.sh builds: skipped without it, a failure in CI
+    (MURALIST_REQUIRE_CLUSTER=1, where that script has run)."""
+    path = find_tool(name)
     if path is None:
-        reason = "helm not found: run hack/cluster-binaries.sh"
+        reason = f"{name} not found: run hack/cluster-binaries.sh"
         if os.environ.get("MURALIST_REQUIRE_CLUSTER") == "1":
             pytest.fail(f"{reason} (MURALIST_REQUIRE_CLUSTER=1)", pytrace=False)
         pytest.skip(reason)
     return path
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    return require_tool("helm")
 
 
 def run(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> str:

@@ -24,6 +24,8 @@ from tests.network_policies import admitted, selected
 from tests.operator_helpers import OperatorProcess
 
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
+# The Prometheus Operator's kinds: no CRD for them in the test cluster, so rendered and linted, not dry-run.
+PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 # Not served by the test cluster (no cert-manager): rendered and linted, not dry-run.
 CERT_MANAGER_KINDS = {"Certificate", "Issuer"}
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
@@ -43,6 +45,8 @@ VALUES_SETS: dict[str, dict[str, Any]] = {
         "logFormat": "json",
         "runtime": {"image": "registry.example.com/rt:0.1.0"},
     },
+    "monitoring": {"metrics": {"enabled": True, "port": 9090, "serviceMonitor": {"enabled": True},
+                               "dashboard": {"enabled": True}, "prometheusRule": {"enabled": True}}},
 }
 
 
@@ -291,6 +295,12 @@ def test_progress_off(helm: str) -> None:
         ({"logFormat": "xml"}, "/logFormat"),
         ({"runtimeImage": "x"}, "runtimeImage"),
         ({"metrics": {"port": 70000}}, "/metrics/port"),
+        ({"metrics": {"prometheusRule": {"itemFailures": {"ratio": 1.5}}}},
+         "/metrics/prometheusRule/itemFailures/ratio"),
+        ({"metrics": {"prometheusRule": {"restarts": {"window": "an hour"}}}},
+         "/metrics/prometheusRule/restarts/window"),
+        ({"metrics": {"dashboard": {"labels": {"grafana_dashboard": 1}}}},
+         "/metrics/dashboard/labels/grafana_dashboard"),
         ({"progress": {"enabled": True, "port": 8443, "certManager": {"issuerRef": {"kind": "Foo"}}}},
          "/progress/certManager/issuerRef/kind"),
         ({"progress": {"enabled": True, "port": 8443, "certManager": {"duration": "1 year"}}},
@@ -423,12 +433,12 @@ def test_server_side_dry_run_accepts_rendered_manifests(
             ],
             capture_output=True,
         )  # already there from another case: fine
-    # With the ServiceMonitor API announced, so that it renders; it cannot be dry-run here
-    # (no Prometheus Operator CRD in the test cluster), so only that object is left out.
+    # With the ServiceMonitor API announced, so that it renders; it and the PrometheusRule cannot be
+    # dry-run here (no Prometheus Operator CRD in the test cluster), so only those are left out.
     docs = render(helm, values, namespace=release_namespace, extra=["--api-versions", SERVICE_MONITOR_API])
     if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
         assert "ServiceMonitor" in kinds(docs)
-    accepted = [d for d in docs if d["kind"] != "ServiceMonitor" and d["kind"] not in CERT_MANAGER_KINDS]
+    accepted = [d for d in docs if d["kind"] not in PROMETHEUS_OPERATOR_KINDS | CERT_MANAGER_KINDS]
     out = kubectl(control_plane, "apply", "--dry-run=server", "-o", "name", "-f", "-", stdin=dump(accepted))
     assert len(out.split()) == len(accepted), out
 
