@@ -2,7 +2,9 @@
 # Build the binaries of Muralist's test clusters from Go modules, at pinned versions:
 #   control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm,
 #   and kwokctl (sigs.k8s.io/kwok's cluster tool, same module and version as kwok);
-#   a real node (hack/real-node.py): kubelet, and CoreDNS for the cluster domain.
+#   a real node (hack/real-node.py): kubelet, and CoreDNS for the cluster domain;
+#   for the chart's monitoring: promtool (Prometheus' rule checker), and dashboard-check
+#   (hack/dashboard-check: the dashboard JSON against grafana-foundation-sdk's dashboard types).
 #
 # Usage: hack/cluster-binaries.sh
 #   Prints the bin directory as the last line of stdout; progress goes to stderr.
@@ -83,6 +85,29 @@ build_kube() {
     rm -rf "${tmp}"
 }
 
+# The release a Prometheus module tag stands for: v0.316.0 -> 3.16.0.
+prometheus_release() {
+    local minor="${PROMETHEUS_VERSION#v0.}"
+    minor="${minor%%.*}"
+    echo "$((minor / 100)).$((minor % 100)).${PROMETHEUS_VERSION##*.}"
+}
+
+# dashboard-check is built from this repository's hack/dashboard-check (its go.mod pins the SDK):
+# its stamp is a digest of that source, so an edit or a bump rebuilds it.
+dashboard_check_stamp() {
+    cat "${HACK_DIR}/dashboard-check/"{go.mod,go.sum,main.go} | sha256sum | cut -c1-16
+}
+
+build_dashboard_check() {
+    local tmp stamp
+    stamp="$(dashboard_check_stamp)"
+    tmp="$(mktemp -d "${CACHE_DIR}/tmp.XXXXXX")"
+    log "building dashboard-check ${stamp}"
+    (cd "${HACK_DIR}/dashboard-check" && go_build -ldflags "-s -w" -o "${tmp}/dashboard-check" .)
+    install_built "${tmp}" "${stamp}" dashboard-check
+    rm -rf "${tmp}"
+}
+
 main() {
     lock_cache
     is_current etcd "${ETCD_VERSION}" || build_etcd
@@ -102,6 +127,12 @@ main() {
             "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
     is_current coredns "${COREDNS_VERSION}" ||
         go_install coredns github.com/coredns/coredns "${COREDNS_VERSION}" "-s -w"
+    # Prometheus' Go module tags are v0.3MM.P for release 3.MM.P; its go.mod has no replace
+    # directives, so a plain `go install` builds promtool.
+    is_current promtool "${PROMETHEUS_VERSION}" ||
+        go_install promtool github.com/prometheus/prometheus/cmd/promtool "${PROMETHEUS_VERSION}" \
+            "-s -w -X github.com/prometheus/common/version.Version=$(prometheus_release)"
+    is_current dashboard-check "$(dashboard_check_stamp)" || build_dashboard_check
     echo "${BIN_DIR}"
 }
 
