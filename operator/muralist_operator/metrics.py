@@ -6,10 +6,11 @@ from __future__ import annotations
 import threading
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from muralist_operator.progress.aggregate import Aggregator
 
@@ -120,6 +121,10 @@ class JobCollector(Collector):
         yield from (completed, failed, total, rate, eta, quiet)
 
 
-def serve(port: int, aggregator: Aggregator, responses: Callable[[], Mapping[int, int]] | None) -> None:
-    REGISTRY.register(JobCollector(aggregator, responses))
-    start_http_server(port)
+def serve(port: int, aggregator: Aggregator, responses: Callable[[], Mapping[int, int]] | None,
+          registry: CollectorRegistry = REGISTRY, host: str = "0.0.0.0") -> WSGIServer:
+    """Serve /metrics on `port` (0: any free one) from a thread: the registered metrics and the
+    jobs' progress. The server is returned for its port and to be shut down (tests)."""
+    registry.register(JobCollector(aggregator, responses))
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server

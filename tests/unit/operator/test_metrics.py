@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import urllib.request
 from datetime import UTC, datetime, timedelta
 
 from muralist_api.contract.progress import ProgressReport
+from muralist_operator import metrics
 from muralist_operator.metrics import JobCollector
 from muralist_operator.progress.aggregate import Aggregator
 from prometheus_client import CollectorRegistry, generate_latest
@@ -87,3 +89,20 @@ def test_the_endpoints_answers_by_status_code() -> None:
 def test_without_the_endpoint_no_response_series() -> None:
     samples = scrape(JobCollector(Aggregator(clock=Clock()), responses=None, phases=dict))
     assert not [key for key in samples if key[0].startswith("muralist_progress_responses")]
+
+
+def test_the_metrics_port_serves_the_jobs_progress() -> None:
+    """What main wires up: the scrape-time series served over HTTP beside the registered ones."""
+    aggregator = Aggregator(clock=Clock())
+    aggregator.record(("ns", "cats"), report(0, completed=3, step=30))
+    server = metrics.serve(0, aggregator, lambda: {204: 7}, registry=CollectorRegistry(), host="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("muralist_job_items_completed_total", CATS)] == 3
+    assert samples[("muralist_progress_responses_total", (("code", "204"),))] == 7
