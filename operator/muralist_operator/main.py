@@ -183,7 +183,8 @@ def run_operator(args: argparse.Namespace) -> int:
             mark(True)
     if args.metrics_port:
         server = progress.server if progress is not None else None
-        metrics.serve(args.metrics_port, reconciler.aggregator, (lambda: server.responses) if server else None)
+        metrics.serve(args.metrics_port, reconciler.aggregator, (lambda: server.responses) if server else None,
+                      is_active=peering.active)
     stop = threading.Event()
     clock = threading.Thread(target=reconciler.run_clock, args=(stop,), name="muralist-clock", daemon=True)
     clock.start()

@@ -61,23 +61,28 @@ class JobCollector(Collector):
     restart they come back at their level with the pods' next posts (within seconds), not from 0."""
 
     def __init__(self, aggregator: Aggregator, responses: Callable[[], Mapping[int, int]] | None = None,
-                 phases: Callable[[], Mapping[tuple[str, str], str]] = job_phases) -> None:
-        """`responses`: the progress endpoint's answers so far by HTTP status (None: no endpoint)."""
+                 phases: Callable[[], Mapping[tuple[str, str], str]] = job_phases,
+                 is_active: Callable[[], bool] = lambda: True) -> None:
+        """`responses`: the progress endpoint's answers so far by HTTP status (None: no endpoint).
+        `is_active`: whether this replica reconciles. A standby exports no per-job series: what it
+        remembers from before it stood down is stale, and the active replica exports the truth."""
         self._aggregator = aggregator
         self._responses = responses
         self._phases = phases
+        self._is_active = is_active
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # unchecked: the series come and go with the jobs
 
     def collect(self) -> Iterator[Metric]:
+        active = self._is_active()
         phase = GaugeMetricFamily("muralist_diffusionjob_phase",
                                   "1 for each DiffusionJob in its current phase (one series per job).",
                                   labels=[*JOB_LABELS, "phase"])
-        for (namespace, name), current in sorted(self._phases().items()):
+        for (namespace, name), current in sorted(self._phases().items() if active else ()):
             phase.add_metric([namespace, name, current], 1)
         yield phase
-        yield from self._progress()
+        yield from self._progress(active)
         if self._responses is not None:
             answers = CounterMetricFamily("muralist_progress_responses",
                                           "Progress posts answered by the endpoint, by HTTP status code.",
@@ -86,7 +91,7 @@ class JobCollector(Collector):
                 answers.add_metric([str(code)], count)
             yield answers
 
-    def _progress(self) -> Iterator[Metric]:
+    def _progress(self, active: bool) -> Iterator[Metric]:
         completed = CounterMetricFamily("muralist_job_items_completed",
                                         "Items done (rendered, or found done from an earlier attempt), as the "
                                         "job's pods report them.", labels=JOB_LABELS)
@@ -104,7 +109,7 @@ class JobCollector(Collector):
                                   "The last sign of progress (a denoising step, an image) of the job's longest-quiet "
                                   "unfinished pod: what stall detection measures from. Absent when no pod is working.",
                                   labels=JOB_LABELS)
-        for key in sorted(self._aggregator.jobs()):
+        for key in sorted(self._aggregator.jobs() if active else ()):
             snapshot = self._aggregator.snapshot(key)
             if snapshot is None:
                 continue  # forgotten since listed
@@ -122,9 +127,10 @@ class JobCollector(Collector):
 
 
 def serve(port: int, aggregator: Aggregator, responses: Callable[[], Mapping[int, int]] | None,
-          registry: CollectorRegistry = REGISTRY, host: str = "0.0.0.0") -> WSGIServer:
+          is_active: Callable[[], bool] = lambda: True, registry: CollectorRegistry = REGISTRY,
+          host: str = "0.0.0.0") -> WSGIServer:
     """Serve /metrics on `port` (0: any free one) from a thread: the registered metrics and the
     jobs' progress. The server is returned for its port and to be shut down (tests)."""
-    registry.register(JobCollector(aggregator, responses))
+    registry.register(JobCollector(aggregator, responses, is_active=is_active))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server

@@ -86,6 +86,15 @@ def test_the_endpoints_answers_by_status_code() -> None:
         == {(("code", "200"),): 2, (("code", "204"),): 40, (("code", "401"),): 3}
 
 
+def test_a_standby_replica_exports_no_job_series() -> None:
+    aggregator = Aggregator(clock=Clock())
+    aggregator.record(("ns", "cats"), report(0, completed=1, step=30))
+    samples = scrape(JobCollector(aggregator, responses=lambda: {503: 2}, phases=lambda: {("ns", "cats"): "Running"},
+                                  is_active=lambda: False))
+    assert not [key for key in samples if ("namespace", "ns") in key[1]]
+    assert samples[("muralist_progress_responses_total", (("code", "503"),))] == 2
+
+
 def test_without_the_endpoint_no_response_series() -> None:
     samples = scrape(JobCollector(Aggregator(clock=Clock()), responses=None, phases=dict))
     assert not [key for key in samples if key[0].startswith("muralist_progress_responses")]
