@@ -200,10 +200,17 @@ def read_back(image: Any) -> Attributes:
     mask[frame] = False  # the shape never touches the frame; what does is background noise
     if mask.sum() < MIN_SHAPE_PIXELS:
         return Attributes(None, None, nearest_colour(border))
-    shape = _largest_component(mask)
+    colour = np.median(pixels[_largest_component(mask)], axis=0)
+    # The shape's outline, halfway between the two colours: a soft edge then moves no area in or
+    # out of the shape, whichever colours it separates (a fixed distance from the background would
+    # grow a white shape on black by the width of its blur, and round a square's corners).
+    along = colour - border
+    halfway = ((pixels - border) @ along) / max(float(along @ along), 1e-9) > 0.5
+    halfway[frame] = False
+    shape = _largest_component(halfway)
     if shape.sum() < MIN_SHAPE_PIXELS:
         return Attributes(None, None, nearest_colour(border))
-    return Attributes(nearest_colour(np.median(pixels[shape], axis=0)), kind_of(shape), nearest_colour(border))
+    return Attributes(nearest_colour(colour), kind_of(shape), nearest_colour(border))
 
 
 def adheres(prompt: str, image: Any) -> bool:
