@@ -127,7 +127,7 @@ def draw(scene: Scene, supersample: int = 4) -> Any:
     a = scene.attributes
     offsets = (np.arange(supersample) + 0.5) / supersample
     coords = (np.arange(SIZE)[:, None] + offsets[None, :]).reshape(-1)
-    y, x = np.meshgrid(coords, coords, indexing="ij")
+    y, x = coords[:, None], coords[None, :]  # broadcast to the supersampled grid
     inside = _inside(a.shape or "", x, y, scene.side, scene.centre)
     coverage = inside.reshape(SIZE, supersample, SIZE, supersample).mean(axis=(1, 3))[..., None]
     background = np.array(PALETTE[a.background or ""], dtype=np.float64)
