@@ -219,6 +219,7 @@ def main() -> None:
     parser.add_argument("--eval", type=int, default=180, help="evaluation prompts (unseen seeds)")
     parser.add_argument("--eval-steps", type=int, default=8, help="inference steps of the evaluation")
     parser.add_argument("--preview", type=Path, help="write the first 30 evaluation renders here (PNG)")
+    parser.add_argument("--resume", type=Path, help="train the transformer of this earlier output further")
     parser.add_argument("--quick", action="store_true", help="a few minutes: fewer images and steps")
     args = parser.parse_args()
     if args.quick:
@@ -231,9 +232,15 @@ def main() -> None:
     images = images_tensor(scenes)
     log(start, f"{len(scenes)} training images drawn")
 
-    torch.manual_seed(args.seed)
-    vae = AutoencoderKL(**VAE_CONFIG)
-    train_vae(vae, images, args.vae_steps, args.vae_batch, generator, start)
+    if args.resume:
+        # Train the transformer of an earlier run further; its VAE and text encoders stay as they are.
+        earlier = FluxPipeline.from_pretrained(args.resume)
+        vae = earlier.vae
+        vae.register_to_config(shift_factor=0.0, scaling_factor=1.0)
+    else:
+        torch.manual_seed(args.seed)
+        vae = AutoencoderKL(**VAE_CONFIG)
+        train_vae(vae, images, args.vae_steps, args.vae_batch, generator, start)
     raw = encode_latents(vae, images)
     with torch.no_grad():
         decoded = to_uint8(vae.decode(raw[:200]).sample)
@@ -246,9 +253,10 @@ def main() -> None:
     log(start, f"latents {tuple(latents.shape[1:])}, shift {shift:.4f} scale {scale:.4f}")
 
     torch.manual_seed(args.seed + 1)
-    transformer = FluxTransformer2DModel(**TRANSFORMER_CONFIG)
-    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, transformer=transformer,
-                        **text_components(args.seed + 2))
+    transformer = earlier.transformer if args.resume else FluxTransformer2DModel(**TRANSFORMER_CONFIG)
+    text = ({k: getattr(earlier, k) for k in ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")}
+            if args.resume else text_components(args.seed + 2))
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, transformer=transformer, **text)
     pipe.set_progress_bar_config(disable=True)
     captions = [a.caption() for a in shapes.all_attributes()]
     with torch.no_grad():
