@@ -69,8 +69,8 @@ class ModelSpec(ApiModel):
         max_length=1024,
         description=(
             "Hugging Face hub repo id (org/name), an absolute path inside the pod, or a "
-            "built-in tiny random pipeline ('muralist/tiny-flux') built in place without "
-            "download, for quickstarts and tests."
+            "built-in tiny pipeline without download, for quickstarts and tests: random weights "
+            "('muralist/tiny-flux') or trained to draw coloured shapes ('muralist/tiny-shapes-flux')."
         ),
     )
     revision: str | None = Field(None, max_length=256, description="Hub revision (branch, tag or commit).")

@@ -23,8 +23,10 @@ TP_FIELD = "spec.parallelism.tensorParallel"
 
 # -- models ------------------------------------------------------------------------------------
 
-# Built in place by the runtime (no download): quickstarts, tests, demos.
-TINY_MODEL_NAMES = frozenset({"muralist/tiny-flux", "muralist/tiny-wan", "muralist/tiny-wan-i2v"})
+# Built in place by the runtime (random weights), or shipped inside it (tiny-shapes-flux, trained to
+# draw the coloured shape its prompt names): no download. Quickstarts, tests, demos.
+TINY_MODEL_NAMES = frozenset({"muralist/tiny-flux", "muralist/tiny-shapes-flux", "muralist/tiny-wan",
+                              "muralist/tiny-wan-i2v"})
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ MODEL_LAYOUTS: dict[str, ModelLayout] = {
 # Well-known hub ids, for manifests that leave model.pipeline to auto-detection.
 KNOWN_MODEL_PIPELINES: dict[str, str] = {
     "muralist/tiny-flux": "FluxPipeline",
+    "muralist/tiny-shapes-flux": "FluxPipeline",
     "muralist/tiny-wan": "WanPipeline",
     "muralist/tiny-wan-i2v": "WanImageToVideoPipeline",
     "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "WanPipeline",
@@ -87,6 +90,7 @@ KNOWN_MODEL_SIZES_GIB: dict[str, float] = {
     "stabilityai/stable-diffusion-xl-base-1.0": 6.5,
     "stabilityai/stable-diffusion-3.5-large": 27.0,
     "muralist/tiny-flux": 0.01,
+    "muralist/tiny-shapes-flux": 0.01,
     "muralist/tiny-wan": 0.01,
     "muralist/tiny-wan-i2v": 0.01,
     "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": 17.0,

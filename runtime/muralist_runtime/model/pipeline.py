@@ -1,7 +1,8 @@
 """Pipeline loading and calling: the real `from_pretrained` for every kind of model name.
 
 A model is a hub repo id (with revision and HF_TOKEN), a local directory, or a built-in tiny
-name (muralist_api.rules.catalog.TINY_MODEL_NAMES) that is built in place into a cache directory first and then
+name (muralist_api.rules.catalog.TINY_MODEL_NAMES): a random one is built in place into a cache
+directory first, a trained one is read from the runtime package (bundled.py); either is then
 loaded exactly like a local directory. `RuntimeSpec.model_path` (muralist run --model)
 replaces the name with a local directory. The hub's refusals (gated, no such repo, revision
 or file) are permanent failures naming the field (hub.py).
@@ -27,6 +28,7 @@ from ..outputs.layouts import RenderedOutput
 from ..outputs.media import frames_to_uint8
 from ..testing.faults import nan_rows
 from . import hub
+from .bundled import BUNDLED_MODELS, bundled_model
 from .inputs import InputError, load_inputs
 from .tiny import build_tiny
 
@@ -54,6 +56,8 @@ def resolve_model(runtime: RuntimeSpec) -> tuple[str, str | None]:
     model = runtime.spec.model
     if runtime.model_path:
         return runtime.model_path, None
+    if model.name in BUNDLED_MODELS:
+        return str(bundled_model(model.name)), None
     if model.name in TINY_MODEL_NAMES:
         return str(build_tiny(model.name, tiny_cache_dir(model.name))), None
     if model.name.startswith("/") and not Path(model.name).is_dir():

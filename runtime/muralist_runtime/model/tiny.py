@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +79,13 @@ LORA_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 LORA_SCALE = 8
 
 
-def word_level_tokenizer(max_length: int) -> tuple[Any, int]:
+def word_level_tokenizer(max_length: int, words: Sequence[str] = _WORDS) -> tuple[Any, int]:
     """A fast tokenizer over a small in-memory vocabulary (no download), and its vocab size."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["[PAD]", "[UNK]", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials + list(dict.fromkeys(_WORDS)))}
+    vocab = {tok: i for i, tok in enumerate(specials + list(dict.fromkeys(words)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(
@@ -97,7 +97,7 @@ def word_level_tokenizer(max_length: int) -> tuple[Any, int]:
     ), len(vocab)
 
 
-def _t5_config_kwargs(vocab_size: int) -> dict[str, Any]:
+def t5_config_kwargs(vocab_size: int) -> dict[str, Any]:
     # Shared by Flux's T5 and Wan's UMT5 (same architecture family, same toy size).
     return {
         "vocab_size": vocab_size,
@@ -146,7 +146,7 @@ def write_tiny_flux(directory: Path) -> None:
         )
     )
     torch.manual_seed(SEED + 2)
-    text_encoder_2 = T5EncoderModel(T5Config(**_t5_config_kwargs(vocab_size)))
+    text_encoder_2 = T5EncoderModel(T5Config(**t5_config_kwargs(vocab_size)))
     torch.manual_seed(SEED + 3)
     vae = AutoencoderKL(
         in_channels=3,
@@ -185,7 +185,7 @@ def _wan_components(in_channels: int) -> dict[str, Any]:
     torch.manual_seed(SEED)
     transformer = WanTransformer3DModel(**{**WAN_TRANSFORMER_CONFIG, "in_channels": in_channels})
     torch.manual_seed(SEED + 1)
-    text_encoder = UMT5EncoderModel(UMT5Config(**_t5_config_kwargs(vocab_size)))
+    text_encoder = UMT5EncoderModel(UMT5Config(**t5_config_kwargs(vocab_size)))
     torch.manual_seed(SEED + 2)
     vae = AutoencoderKLWan(
         base_dim=4,

@@ -86,7 +86,7 @@ def test_quickstart_example_is_a_small_cpu_job() -> None:
     job, _ = local.load_job(str(REPO / "examples" / "quickstart-cpu.yaml"))
     par = job.spec.parallelism
     assert (job.spec.model.name, par.strategy, par.gpus_per_node, par.world_size) == (
-        "muralist/tiny-flux", "DataParallel", 0, 2)
+        "muralist/tiny-shapes-flux", "DataParallel", 0, 2)
     assert job.total_images == 16
 
 
