@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from muralist_api.contract.progress import ProgressReport
 from muralist_operator import metrics
@@ -12,15 +12,7 @@ from muralist_operator.progress.aggregate import Aggregator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.operator.clock import T0, Clock
 
 
 def report(index: int, completed: int, failed: int = 0, step: int | None = None, final: bool = False) -> ProgressReport:

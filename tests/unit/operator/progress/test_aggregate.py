@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from muralist_api.contract.progress import ProgressReport, ReportError
 from muralist_operator.progress.aggregate import Aggregator, post_interval
 
+from tests.unit.operator.clock import T0, Clock
+
 JOB = ("ns", "cats")
-T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def report(index: int = 0, attempt: int = 0, pod: str | None = None, completed: int = 0, skipped: int = 0,
