@@ -70,8 +70,5 @@ def test_renders_a_64x64_image_well_under_a_second(rendered: tuple[float, float]
     assert rendered[1] < 0.5
 
 
-@pytest.mark.xfail(strict=True, reason="the committed weights score 83.3 % (hack/train_tiny_shapes.py, 3,000 "
-                   "transformer steps, then 2,000 and 2,500 more with --resume): below the 90 % bar, more "
-                   "training needed")
 def test_renders_what_unseen_prompts_ask_for(rendered: tuple[float, float]) -> None:
     assert rendered[0] >= 0.9
