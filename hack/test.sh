@@ -18,9 +18,9 @@ export MURALIST_REQUIRE_E2E=1
 export MURALIST_REQUIRE_BROWSER=1
 bash hack/checks.sh   # ruff, lint-imports, mypy: also the pre-commit hooks
 # MURALIST_TEST_WORKERS=N runs pytest-xdist workers: the real-node chain (image builds and pods)
-# on one, beside the rest (tests/parallel_plugin.py). Off by default: on 2 cores the suite is
-# CPU-bound and two workers saved under a minute of 21 (measured), while doubling the load that
-# the timing-sensitive tests (torchrun worlds, stalls) run under.
+# on one, beside the rest (tests/parallel_plugin.py). Off by default: on 2 cores two workers took
+# 20.2 min against 24.6 in one process (clean clones, same suite), but one torchrun test crashed
+# at exit under the doubled load: see docs/development/tests.md.
 workers=${MURALIST_TEST_WORKERS:-0}
 parallel=()
 if [ "$workers" != 0 ]; then
