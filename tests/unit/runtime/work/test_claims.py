@@ -185,6 +185,21 @@ def test_a_client_started_before_the_server_waits_for_it() -> None:
         assert client.reconnects == 0, "the first connection is not a reconnect"
 
 
+def test_a_probe_of_a_closed_port_ends_at_its_bound_and_a_listening_store_answers_at_once() -> None:
+    port = free_port()
+    probe = ClaimClient(HOST, port, "probe")
+    start = time.monotonic()
+    assert not probe.reachable(1.0)
+    # A TCPStore's own connect overshot its timeout by its back-off (15 s took 34 s).
+    assert time.monotonic() - start < 1.5
+    with ClaimServer(port):
+        start = time.monotonic()
+        assert probe.reachable(10.0)
+        assert time.monotonic() - start < 1.0
+        with ClaimClient(HOST, port, "probe") as client:
+            assert client.next_chunk() == 0, "the probe's bare connection leaves the store serving"
+
+
 def test_a_bounded_client_gives_up_with_a_useful_error() -> None:
     client = ClaimClient(HOST, free_port(), "nobody", connect_timeout_s=0.2, give_up_after_s=0.5,
                          sleep=lambda s: time.sleep(0.05))
