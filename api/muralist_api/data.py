@@ -1,12 +1,14 @@
-"""What to render: prompts inline, from a ConfigMap, or a data set on a volume; input images."""
+"""What to render: prompts inline, from a ConfigMap, or a data set on a volume or in a bucket; input images."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
 from muralist_api.base import ApiModel, KubeObject, relative_path
+from muralist_api.cel import CelRule
+from muralist_api.storage import StoredAt, location_rules
 
 
 class ConfigMapKeyRef(ApiModel):
@@ -22,10 +24,11 @@ class PromptSpec(ApiModel):
     image: str | None = Field(
         None, max_length=1024,
         description="An input image (image-to-image, inpainting, edits, image-to-video): a path relative to "
-        "spec.inputs.volume.",
+        "spec.inputs (its volume or uri).",
     )
     mask: str | None = Field(
-        None, max_length=1024, description="An inpainting mask, relative to spec.inputs.volume (white = repaint)."
+        None, max_length=1024,
+        description="An inpainting mask, relative to spec.inputs (its volume or uri; white = repaint).",
     )
     strength: float | None = Field(
         None, gt=0, le=1, description="How far from the input image to go (0-1]; default the pipeline's."
@@ -49,22 +52,27 @@ class DatasetColumns(ApiModel):
     prompt: str = Field("prompt", min_length=1, description="Column with the prompt.")
     negative_prompt: str | None = Field(None, description="Column with the negative prompt.")
     seed: str | None = Field(None, description="Column with each row's seed (an integer).")
-    image: str | None = Field(None, description="Column with the input image: a path relative to spec.inputs.volume.")
+    image: str | None = Field(None, description="Column with the input image: a path relative to spec.inputs.")
     mask: str | None = Field(None, description="Column with the inpainting mask path.")
     strength: str | None = Field(None, description="Column with each row's strength.")
     id: str | None = Field(None, description="Column with each row's id, kept in the metadata and the index.")
 
 
-class Dataset(ApiModel):
+class Dataset(StoredAt):
     """Rows read as a stream by every rank: no pod ever holds the whole data set."""
 
-    volume: KubeObject = Field(
-        description="A Kubernetes VolumeSource holding the data set, mounted read-only (e.g. a PVC)."
+    section = "spec.dataset"
+    cel_rules: ClassVar[tuple[CelRule, ...]] = location_rules(section, volume_required=True)
+
+    volume: KubeObject | None = Field(
+        None, description="A Kubernetes VolumeSource holding the data set, mounted read-only (e.g. a PVC); or "
+        "set uri."
     )
     path: str = Field(
-        min_length=1, max_length=1024,
-        description="A file or a folder of files inside the volume, relative: JSON Lines, CSV, Parquet, text "
-        "(one prompt per line), or a Hugging Face datasets dataset saved with save_to_disk.",
+        ".", min_length=1, max_length=1024,
+        description="A file or a folder of files inside the volume (or under the uri), relative: JSON Lines, CSV, "
+        "Parquet, text (one prompt per line), or a Hugging Face datasets dataset saved with save_to_disk (on a "
+        "volume only). Default '.': the volume's root, or the uri itself.",
     )
     format: Literal["auto", "jsonl", "csv", "parquet", "text", "hf"] = Field(
         "auto", description="auto picks by extension (a folder with dataset_info.json is a saved dataset)."
@@ -79,8 +87,11 @@ class Dataset(ApiModel):
         return relative_path(value)
 
 
-class Inputs(ApiModel):
-    volume: KubeObject = Field(
-        description="A Kubernetes VolumeSource with the input images that prompts and data-set rows name, "
-        "mounted read-only."
+class Inputs(StoredAt):
+    section = "spec.inputs"
+    cel_rules: ClassVar[tuple[CelRule, ...]] = location_rules(section, volume_required=True)
+
+    volume: KubeObject | None = Field(
+        None, description="A Kubernetes VolumeSource with the input images that prompts and data-set rows name, "
+        "mounted read-only; or set uri (each image is then read from under it, one object per input)."
     )

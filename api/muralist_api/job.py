@@ -24,6 +24,7 @@ from muralist_api.pods import PodTemplate, RunPolicy
 from muralist_api.rules import catalog, problems
 from muralist_api.rules.catalog import ATTENTION_BACKENDS, DNS_LABEL_MAX
 from muralist_api.status import DiffusionJobStatus
+from muralist_api.storage import StoredAt, location_rules
 
 GROUP = "muralist.dev"
 VERSION = "v1alpha1"
@@ -342,10 +343,14 @@ def output_path(value: str) -> str:
     return relative_path(value)
 
 
-class Output(ApiModel):
+class Output(StoredAt):
+    section = "spec.output"
+    cel_rules = location_rules(section, volume_required=False)
+
     volume: KubeObject | None = Field(
         None,
-        description="A Kubernetes VolumeSource for the results (e.g. a PVC); default an emptyDir.",
+        description="A Kubernetes VolumeSource for the results (e.g. a PVC); default an emptyDir (or set uri: "
+        "the results are then written as whole objects under <uri>/<path>).",
     )
     path: Annotated[
         str | None,
@@ -359,7 +364,8 @@ class Output(ApiModel):
     ] = Field(
         None,
         max_length=1024,
-        description="Directory inside the volume, relative, without '..'; default metadata.name.",
+        description="Directory inside the volume (or under the uri), relative, without '..'; default "
+        "metadata.name.",
     )
     format: Literal["png", "jpeg", "webp", "mp4", "gif"] = Field(
         "png",
@@ -412,6 +418,13 @@ class DiffusionJobSpec(ApiModel):
             "image at a time; set batchSize: 1",
             mirrors=problems._layout_problems,
         ),
+        *(CelRule(
+            f"!has(self.{a}) || !has(self.{a}.credentialsSecret) || !has(self.{b}) || "
+            f"!has(self.{b}.credentialsSecret) || self.{a}.credentialsSecret == self.{b}.credentialsSecret",
+            f"spec.{b}.credentialsSecret: the job's pods have one set of storage credentials (a Secret's keys "
+            f"become their environment); use the same Secret as spec.{a}.credentialsSecret",
+            mirrors=problems._storage_problems,
+        ) for a, b in (("dataset", "inputs"), ("dataset", "output"), ("inputs", "output"))),
         CelRule(
             "has(self.promptsFrom) == has(oldSelf.promptsFrom)",
             "spec.promptsFrom cannot be added or removed after creation; create a new DiffusionJob",
@@ -429,10 +442,12 @@ class DiffusionJobSpec(ApiModel):
         None, description="More prompts from a ConfigMap (one per line).")
     dataset: Dataset | None = Field(
         None,
-        description="Rows from files on a volume (JSON Lines, CSV, Parquet, text, a saved datasets dataset), for "
+        description="Rows from files on a volume or in object storage (JSON Lines, CSV, Parquet, text, a saved "
+        "datasets dataset), for "
         "jobs of 10^5-10^7 items; instead of prompts and promptsFrom.",
     )
-    inputs: Inputs | None = Field(None, description="The volume that input images and masks are read from.")
+    inputs: Inputs | None = Field(
+        None, description="Where input images and masks are read from: a volume, or object storage (uri).")
     generation: Annotated[Generation, immutable("generation")] = Field(
         default_factory=Generation, description="Sampling parameters.")
     # Not immutable in the CRD: crd.py's old table listed it, but a duplicate key there dropped

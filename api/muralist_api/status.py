@@ -77,5 +77,6 @@ class DiffusionJobStatus(ApiModel):
                                        f"{MAX_INDEX_ENTRIES}).")
     start_time: str | None = Field(None, description="When the pods first started.")
     completion_time: str | None = Field(None, description="When the job finished.")
-    output_path: str = Field("", description="Where the images are, inside the output volume.")
+    output_path: str = Field(
+        "", description="Where the images are, inside the output volume (or under spec.output.uri).")
     message: str = Field("", description="Why the job is in its phase.")

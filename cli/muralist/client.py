@@ -22,6 +22,14 @@ from muralist.errors import JobFailed
 from muralist.job_input import JobInput, submission
 from muralist.progress_bar import ProgressBar
 
+
+def _options(job: DiffusionJob, given: dict[str, Any] | None) -> dict[str, Any] | None:
+    """fsspec options for the job's output: those given, else its endpoint (an S3-compatible store)."""
+    if given is not None or job.spec.output.uri is None:
+        return given
+    return job.spec.output.options()
+
+
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 HTTP_CONFLICT = 409
 
@@ -141,25 +149,30 @@ class Client:
 
     # --- what it made ----------------------------------------------------------------------
 
-    def output_folder(self, name: str, root: str | os.PathLike[str] | None = None) -> Path:
-        """Where the job's outputs are on this machine. Outputs are volumes today: `root` is where
-        the job's output volume is mounted here (a hostPath volume is found without it).
-        Object storage (an s3:// output) is not supported yet."""
+    def output_folder(self, name: str, root: str | os.PathLike[str] | None = None) -> Path | str:
+        """Where the job's outputs are: its URI when it writes to object storage (spec.output.uri),
+        else on this machine: `root` is where the job's output volume is mounted here (a hostPath
+        volume is found without it)."""
         return outputs.output_folder(self.get(name), root)
 
-    def results(self, name: str, root: str | os.PathLike[str] | None = None, as_pandas: bool = False) -> Any:
+    def results(self, name: str, root: str | os.PathLike[str] | None = None, as_pandas: bool = False,
+                storage_options: dict[str, Any] | None = None) -> Any:
         """The job's index (index.parquet: one row per item with its key, prompt, seed, shard,
         status, seconds and error) as a pyarrow Table, or a pandas DataFrame when `as_pandas`.
 
-        Read from the job's output folder; outputs are volumes today, so `root` is the path where
-        that volume is mounted on this machine (see `output_folder`). Reading an output in
-        object storage will come with object-storage outputs.
+        Read from the job's output folder (see `output_folder`): a volume mounted here at `root`, or
+        object storage, with this machine's credentials and `storage_options` (fsspec's; default the
+        job's spec.output.endpoint).
         """
-        return outputs.read_index(self.output_folder(name, root), as_pandas=as_pandas)
+        job = self.get(name)
+        folder = outputs.output_folder(job, root)
+        return outputs.read_index(folder, as_pandas=as_pandas, storage_options=_options(job, storage_options))
 
-    def open_image(self, name: str, key: str, root: str | os.PathLike[str] | None = None) -> Any:
+    def open_image(self, name: str, key: str, root: str | os.PathLike[str] | None = None,
+                   storage_options: dict[str, Any] | None = None) -> Any:
         """Item `key` (the index's `key` column, e.g. 00003-001) of the job as a PIL Image."""
-        return outputs.open_image(self.output_folder(name, root), key)
+        job = self.get(name)
+        return outputs.open_image(outputs.output_folder(job, root), key, _options(job, storage_options))
 
     # --- plumbing --------------------------------------------------------------------------
 

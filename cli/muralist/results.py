@@ -4,8 +4,9 @@ The folder is the one `docs/concepts/items.md` describes: `index.parquet` (one r
 item order: index, id, key, prompt, seed, shard, status, seconds, error), written when the job
 merges at its end, and each item's output under `images/<key>.<format>` (layout files) or as the
 member `<key>.<format>` of `shards/shard-<shard>.tar` (layout webdataset). `job.json` records the
-format. Today outputs are volumes, so the folder is read where the volume is mounted on this
-machine; reading from object storage comes with outputs there.
+format. A folder is a local path (where the job's output volume is mounted on this machine) or a
+URI (spec.output.uri: s3://bucket/prefix/<path>), read through fsspec with the job's endpoint and this
+machine's credentials (AWS_* variables, a profile, an instance role).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import importlib.util
 import io
 import json
 import os
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
 from muralist_api.job import DiffusionJob
+from muralist_api.storage import join_uri
 
 INDEX_FILE = "index.parquet"
 JOB_FILE = "job.json"
@@ -27,14 +30,28 @@ SHARD_FILE = "shards/shard-{shard:06d}.tar"
 IMAGE_FORMATS = frozenset({"png", "jpeg", "webp", "gif"})
 
 Folder = str | os.PathLike[str]
+URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
-def output_folder(job: DiffusionJob, root: Folder | None = None) -> Path:
-    """The job's output folder on this machine: `root` is where its output volume is mounted
-    here; without it, a hostPath volume is read at its path (a single-node or test cluster)."""
+def _files(folder: Folder, options: dict[str, Any] | None) -> tuple[Any, str]:
+    """(fsspec file system, the folder's path on it): a URI's protocol, or the local disk."""
+    import fsspec
+
+    if URI.match(str(folder)):
+        fs, path = fsspec.core.url_to_fs(str(folder), **(options or {}))
+        return fs, str(path).rstrip("/")
+    return fsspec.filesystem("file"), str(Path(folder).resolve())
+
+
+def output_folder(job: DiffusionJob, root: Folder | None = None) -> Path | str:
+    """The job's output folder: its URI when it writes to object storage (spec.output.uri), else the
+    folder on this machine: `root` is where its output volume is mounted here (or another URI);
+    without it, a hostPath volume is read at its path (a single-node or test cluster)."""
     inside = (job.status.output_path if job.status and job.status.output_path else job.output_path).strip("/")
     if root is not None:
-        return Path(root) / inside
+        return join_uri(str(root), inside) if URI.match(str(root)) else Path(root) / inside
+    if job.spec.output.uri:
+        return join_uri(job.spec.output.uri, inside)
     host_path = (job.spec.output.volume or {}).get("hostPath") or {}
     if isinstance(host_path, dict) and host_path.get("path"):
         return Path(host_path["path"]) / inside
@@ -42,11 +59,13 @@ def output_folder(job: DiffusionJob, root: Folder | None = None) -> Path:
                      f"and pass root=<where it is mounted> (its items are in {inside}/ inside it)")
 
 
-def read_index(folder: Folder, as_pandas: bool = False) -> Any:
-    """The folder's index.parquet as a pyarrow Table, or a pandas DataFrame when `as_pandas`."""
+def read_index(folder: Folder, as_pandas: bool = False, storage_options: dict[str, Any] | None = None) -> Any:
+    """The folder's index.parquet as a pyarrow Table, or a pandas DataFrame when `as_pandas`
+    (`storage_options`: fsspec's, for a URI, e.g. its endpoint)."""
     import pyarrow.parquet as pq
 
-    table = pq.read_table(_index_path(Path(folder)))
+    fs, root = _files(folder, storage_options)
+    table = pq.read_table(_index_path(fs, root), filesystem=fs)
     if not as_pandas:
         return table
     if importlib.util.find_spec("pandas") is None:  # to_pandas needs it: say so plainly
@@ -54,54 +73,58 @@ def read_index(folder: Folder, as_pandas: bool = False) -> Any:
     return table.to_pandas()
 
 
-def output_format(folder: Folder) -> str:
+def output_format(folder: Folder, storage_options: dict[str, Any] | None = None) -> str:
     """spec.output.format as the folder's job.json recorded it."""
-    recorded = json.loads((Path(folder) / JOB_FILE).read_text())
+    fs, root = _files(folder, storage_options)
+    recorded = json.loads(fs.cat_file(f"{root}/{JOB_FILE}"))
     return str(recorded["spec"]["spec"]["output"]["format"])
 
 
-def item_bytes(folder: Folder, key: str) -> bytes:
+def item_bytes(folder: Folder, key: str, storage_options: dict[str, Any] | None = None) -> bytes:
     """The encoded output of item `key` (an image or a video file), from either layout."""
-    folder = Path(folder)
-    row = _index_row(folder, key)
+    fs, root = _files(folder, storage_options)
+    row = _index_row(fs, root, key)
     if row["status"] == "failed":
         raise LookupError(f"item {key} failed: {row.get('error') or 'no error recorded'}")
-    member = f"{key}.{output_format(folder)}"
+    member = f"{key}.{output_format(folder, storage_options)}"
     if row.get("shard") is None:
-        return (folder / "images" / member).read_bytes()
-    with tarfile.open(folder / SHARD_FILE.format(shard=row["shard"]), "r:") as tar:
-        data = tar.extractfile(member)
-        if data is None:
+        data: bytes = fs.cat_file(f"{root}/images/{member}")
+        return data
+    with fs.open(f"{root}/{SHARD_FILE.format(shard=row['shard'])}", "rb") as f, \
+            tarfile.open(fileobj=f, mode="r:") as tar:
+        found = tar.extractfile(member)
+        if found is None:
             raise LookupError(f"{member} is not a file in shard {row['shard']}")
-        return data.read()
+        return found.read()
 
 
-def open_image(folder: Folder, key: str) -> Any:
+def open_image(folder: Folder, key: str, storage_options: dict[str, Any] | None = None) -> Any:
     """Item `key`'s image as a PIL Image (loaded, so no file stays open)."""
-    fmt = output_format(folder)
+    fmt = output_format(folder, storage_options)
     if fmt not in IMAGE_FORMATS:
         raise ValueError(f"the job's outputs are {fmt} videos: read the file with item_bytes()")
     from PIL import Image
 
-    image = Image.open(io.BytesIO(item_bytes(folder, key)))
+    image = Image.open(io.BytesIO(item_bytes(folder, key, storage_options)))
     image.load()
     return image
 
 
-def _index_row(folder: Path, key: str) -> dict[str, Any]:
+def _index_row(fs: Any, root: str, key: str) -> dict[str, Any]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    path = _index_path(folder)
-    rows = pq.read_table(path, columns=["key", "shard", "status", "error"], filters=pc.field("key") == key)
+    path = _index_path(fs, root)
+    rows = pq.read_table(path, columns=["key", "shard", "status", "error"], filters=pc.field("key") == key,
+                         filesystem=fs)
     if not rows.num_rows:
         raise KeyError(f"no item {key!r} in {path} (keys are <row>-<image>, e.g. 00000-000)")
     return dict(rows.to_pylist()[0])
 
 
-def _index_path(folder: Path) -> Path:
-    path = folder / INDEX_FILE
-    if not path.is_file():
+def _index_path(fs: Any, root: str) -> str:
+    path = f"{root}/{INDEX_FILE}"
+    if not fs.isfile(path):
         raise FileNotFoundError(f"{path}: no index yet; the job writes it when every item is done "
                                 "(a job still running, or one that failed before its end, has none)")
     return path

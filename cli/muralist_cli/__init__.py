@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("run", _run, "Run a DiffusionJob manifest on this machine, without a cluster.")
     p.add_argument("manifest", metavar="JOB.yaml")
-    p.add_argument("--output", "-o", default=None, help="Output directory (default ./muralist-output/<output.path>).")
+    p.add_argument("--output", "-o", default=None,
+                   help="Output directory, or an object storage URI (s3://bucket/prefix); default "
+                   "spec.output.uri/<output.path>, else ./muralist-output/<output.path>.")
     p.add_argument("--model", default=None, help="Load the model from this local directory instead of spec.model.name.")
     p.add_argument("--prompts-file", default=None, help="A file with one prompt per line, standing in for promptsFrom.")
     p.add_argument("--dataset-dir", default=None,

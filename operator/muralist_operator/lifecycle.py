@@ -12,6 +12,7 @@ from datetime import datetime
 
 from muralist_api.job import DiffusionJob
 from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus, Phase
+from muralist_api.storage import join_uri
 
 from muralist_operator.decision import (
     REASON_ALL_ITEMS_FAILED,
@@ -174,11 +175,11 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
         p = st.progress
         t.phase(Phase.FAILED, REASON_ALL_ITEMS_FAILED,
                 f"every item failed ({p.failed} of {p.total}); each item's error is in the manifest under "
-                f"{job.output_path}")
+                f"{_where(job)}")
         return t.decision
     if current.complete:
         t.phase(Phase.SUCCEEDED, "Completed", f"{max(st.progress.completed, st.progress.total - st.progress.failed)} "
-                f"images in {job.output_path}")
+                f"images in {_where(job)}")
         return t.decision
     if current.failed and current.failure_reason == REASON_DEADLINE:
         t.phase(Phase.FAILED, REASON_DEADLINE, deadline.message(policy))
@@ -211,3 +212,8 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
                 f"{running}/{par.nodes} pod(s) running" if reason == "Running" else message)
     return t.decision
 
+
+def _where(job: DiffusionJob) -> str:
+    """The job's output folder as its reader names it: the path in the volume, or the URI in object storage."""
+    uri = job.spec.output.uri
+    return join_uri(uri, job.output_path) if uri else job.output_path

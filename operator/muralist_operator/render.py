@@ -34,6 +34,7 @@ from muralist_api.contract import (
 from muralist_api.job import DiffusionJob
 from muralist_api.rules.catalog import CONFIGMAP_MAX_BYTES, TINY_MODEL_NAMES, model_size_gib
 from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.storage import join_uri
 
 LABEL_JOB = "muralist.dev/job-name"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -173,15 +174,19 @@ def render_network_policy(job: DiffusionJob, namespace: str) -> dict[str, Any]:
 
 def runtime_spec(job: DiffusionJob, namespace: str) -> RuntimeSpec:
     # The job's spec was validated when it was parsed: not again (50,000 prompts, every reconcile).
+    dataset, inputs, output = job.spec.dataset, job.spec.inputs, job.spec.output
     return RuntimeSpec.model_construct(
         name=job.metadata.name,
         namespace=namespace,
         spec=job.spec,
-        output_dir=f"{OUTPUT_MOUNT}/{job.output_path}",
+        output_dir=f"{contract.OUTPUT_STAGING if output.uri else OUTPUT_MOUNT}/{job.output_path}",
+        output_uri=join_uri(output.uri, job.output_path) if output.uri else None,
         prompts_file=f"{PROMPTS_DIR}/{PROMPTS_FILE}" if job.spec.prompts_from else None,
         model_path=None,
-        dataset_dir=contract.DATASET_MOUNT if job.spec.dataset else None,
-        inputs_dir=contract.INPUTS_MOUNT if job.spec.inputs else None,
+        dataset_dir=contract.DATASET_MOUNT if dataset and dataset.volume is not None else None,
+        dataset_uri=join_uri(dataset.uri, dataset.path) if dataset and dataset.uri else None,
+        inputs_dir=contract.INPUTS_MOUNT if inputs and inputs.volume is not None else None,
+        inputs_uri=inputs.uri if inputs and inputs.uri else None,
     )
 
 
@@ -268,11 +273,20 @@ def _env(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> list[
     return env
 
 
+def _env_from(job: DiffusionJob) -> list[dict[str, Any]]:
+    """The storage credentials: every key of the one Secret the job's URIs name becomes an env var
+    (AWS_ACCESS_KEY_ID, ...: what the protocol's client reads); none named, none (IRSA, workload identity)."""
+    secrets = {s.credentials_secret for s in (job.spec.dataset, job.spec.inputs, job.spec.output)
+               if s is not None and s.uri is not None and s.credentials_secret is not None}
+    return [{"secretRef": {"name": name}} for name in sorted(secrets)]
+
+
 def _volumes(job: DiffusionJob, settings: OperatorSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     name = job.metadata.name
+    output = job.spec.output
     volumes: list[dict[str, Any]] = [
         {"name": "spec", "configMap": {"name": spec_config_map_name(name)}},
-        {"name": "output", **(job.spec.output.volume or {"emptyDir": {}})},
+        *([] if output.uri else [{"name": "output", **(output.volume or {"emptyDir": {}})}]),
         # NCCL and torch's shared-memory tensors need far more than the default 64 MiB.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         {"name": "tmp", "emptyDir": {}},
@@ -280,7 +294,7 @@ def _volumes(job: DiffusionJob, settings: OperatorSettings) -> tuple[list[dict[s
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
-        {"name": "output", "mountPath": OUTPUT_MOUNT},
+        *([] if output.uri else [{"name": "output", "mountPath": OUTPUT_MOUNT}]),
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "hf-cache", "mountPath": HF_HOME},
@@ -302,7 +316,7 @@ def _volumes(job: DiffusionJob, settings: OperatorSettings) -> tuple[list[dict[s
         mounts.append({"name": "prompts", "mountPath": PROMPTS_DIR, "readOnly": True})
     for volume, mount, read_from in (("dataset", contract.DATASET_MOUNT, job.spec.dataset),
                                      ("inputs", contract.INPUTS_MOUNT, job.spec.inputs)):
-        if read_from is not None:
+        if read_from is not None and read_from.volume is not None:  # a uri is read, never mounted
             volumes.append({"name": volume, **read_from.volume})
             mounts.append({"name": volume, "mountPath": mount, "readOnly": True})
     return volumes, mounts
@@ -333,12 +347,14 @@ def _resources(job: DiffusionJob) -> dict[str, Any]:
 def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> dict[str, Any]:
     tpl = job.spec.pod_template
     volumes, mounts = _volumes(job, settings)
+    env_from = _env_from(job)
     container = {
         "name": CONTAINER_NAME,
         "image": job.spec.image or settings.runtime_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": launcher_command(job),
         "env": _env(job, namespace, settings),
+        **({"envFrom": env_from} if env_from else {}),
         "ports": [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in _ports(settings)],
         "resources": _resources(job),
         "volumeMounts": mounts,

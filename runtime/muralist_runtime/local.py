@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,12 +29,14 @@ from muralist_api.job import DiffusionJob
 from muralist_api.manifests import ManifestFile, Reader
 from muralist_api.rules.problems import ValidationProblem
 from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.storage import join_uri
 
 from .model.inputs import missing_inline_inputs
 from .report.rank_files import read_counts
 from .report.termination import permanent_verdict_line
 
 BAR_SECONDS = 0.5
+URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
 def free_port() -> int:
@@ -125,21 +128,38 @@ def volume_dir(volume: dict | None, given: str | None, field: str, option: str) 
                              "(the folder holding what the volume holds)"])
 
 
-def runtime_spec(job: DiffusionJob, output: str | None, model: str | None, prompts_file: str | None,
-                 dataset_dir: str | None = None, inputs_dir: str | None = None) -> RuntimeSpec:
+def output_location(job: DiffusionJob, output: str | None, staging: Path) -> tuple[str, str | None]:
+    """(the output folder, the object storage URI it stands for or None): --output DIR or URI, else
+    spec.output.uri under its path, else ./muralist-output/<path>. A URI's files are staged in `staging`."""
+    uri = output if output and URI.match(output) else None
+    if uri is None and output is None and job.spec.output.uri:
+        uri = join_uri(job.spec.output.uri, job.output_path)
+    if uri is not None:
+        return str((staging / "output").resolve()), uri.rstrip("/")
     out = Path(output) if output else Path.cwd() / "muralist-output" / job.output_path
+    return str(out.resolve()), None
+
+
+def runtime_spec(job: DiffusionJob, output: str | None, model: str | None, prompts_file: str | None,
+                 dataset_dir: str | None = None, inputs_dir: str | None = None,
+                 staging: Path | None = None) -> RuntimeSpec:
     spec = job.spec
+    output_dir, output_uri = output_location(job, output, staging or Path(tempfile.gettempdir()))
+    dataset, inputs = spec.dataset, spec.inputs
     return RuntimeSpec(
         name=job.metadata.name,
         namespace=job.metadata.namespace or "default",
         spec=spec,
-        output_dir=str(out.resolve()),
+        output_dir=output_dir,
+        output_uri=output_uri,
         prompts_file=prompts_file,
         model_path=str(Path(model).resolve()) if model else None,
-        dataset_dir=volume_dir(spec.dataset.volume if spec.dataset else None, dataset_dir, "spec.dataset.volume",
+        dataset_dir=volume_dir(dataset.volume if dataset else None, dataset_dir, "spec.dataset.volume",
                                "--dataset-dir"),
-        inputs_dir=volume_dir(spec.inputs.volume if spec.inputs else None, inputs_dir, "spec.inputs.volume",
+        dataset_uri=join_uri(dataset.uri, dataset.path) if dataset and dataset.uri else None,
+        inputs_dir=volume_dir(inputs.volume if inputs else None, inputs_dir, "spec.inputs.volume",
                               "--inputs-dir"),
+        inputs_uri=inputs.uri if inputs and inputs.uri else None,
     )
 
 
@@ -254,7 +274,7 @@ def run_local(args: argparse.Namespace) -> int:
             job, manifest = load_job(args.manifest)
             prompts = prompts_file_for(job, manifest, args.prompts_file, tmp)
             runtime = runtime_spec(job, args.output, args.model, prompts, getattr(args, "dataset_dir", None),
-                                   getattr(args, "inputs_dir", None))
+                                   getattr(args, "inputs_dir", None), staging=tmp)
             check_inputs(runtime)
         except ValidationProblem as e:
             for problem in e.problems:
@@ -271,6 +291,9 @@ def run_local(args: argparse.Namespace) -> int:
             print("muralist: interrupted; run the same command again to resume", file=sys.stderr)
             return 130
         code = verdict(codes, termination)
+    if runtime.output_uri is not None:
+        print(f"outputs: {runtime.output_uri}")
+        return code
     gallery = Path(runtime.output_dir) / "index.html"
     if gallery.exists():
         print(f"gallery: {gallery}")

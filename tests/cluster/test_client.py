@@ -20,6 +20,7 @@ from tests.builders import make_job
 from tests.cluster.test_progress_push import Poster
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
 from tests.operator_helpers import DJ, OperatorProcess
+from tests.s3_plugin import S3Server
 from tests.unit.client.test_results import merged_folder
 
 pytestmark = pytest.mark.cluster
@@ -113,3 +114,19 @@ def test_submit_follow_exits_with_the_outcome(namespace: str, operator: Operator
     out = capsys.readouterr().out
     assert "bad: Failed" in out and "failed indexes: 0" in out and "boom" in out
     assert main(["status", "nothing", *where]) == 2
+
+
+def test_results_of_a_job_in_object_storage_are_read_from_its_bucket(client: Client, s3_server: S3Server,
+                                                                     tmp_path: Path) -> None:
+    # A merged folder put in the bucket where the job's output.uri says, as the runtime's pods put it.
+    bucket = s3_server.bucket()
+    folder = merged_folder(tmp_path, "7266f35-webdataset")
+    s3_server.filesystem().put(f"{folder}/", f"{bucket}/runs/7266f35-webdataset", recursive=True)
+    output = {"uri": f"s3://{bucket}/runs", "path": "7266f35-webdataset", "endpoint": s3_server.endpoint}
+    client.create(make_job("in-bucket").world(nodes=1, gpus=1).set("spec.output", output)
+                  .pod_template(annotations=fate_annotations("run")).obj())
+    assert client.output_folder("in-bucket") == f"s3://{bucket}/runs/7266f35-webdataset"
+    # The credentials are this machine's (AWS_* from s3_server), the endpoint the job's.
+    assert client.results("in-bucket").column("key").to_pylist()[:2] == ["00000-000", "00000-001"]
+    assert client.open_image("in-bucket", "00001-000").size == (16, 16)
+    client.delete("in-bucket")

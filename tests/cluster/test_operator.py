@@ -276,3 +276,18 @@ def test_a_job_too_large_for_its_spec_config_map_fails_with_the_reason(dj: DJ) -
     with pytest.raises(ApiException) as err:
         dj.batch.read_namespaced_job("huge", dj.ns)
     assert err.value.status == 404
+
+
+def test_a_job_in_object_storage_is_admitted_and_its_pods_get_the_secret_as_env(dj: DJ, control_plane: Any) -> None:
+    dj.create(
+        make_job("bucket").prompts()
+        .set("spec.dataset", {"uri": "s3://data/captions", "path": "rows.parquet", "credentialsSecret": "s3-keys",
+                              "endpoint": "http://minio.storage:9000", "columns": {"prompt": "caption"}})
+        .output(uri="s3://results/runs", credentialsSecret="s3-keys", endpoint="http://minio.storage:9000",
+                layout="webdataset")
+        .world(nodes=1, gpus=1).pod_template(annotations=fate_annotations("run")).obj()
+    )
+    job = wait_for(lambda: dj.batch.read_namespaced_job("bucket", dj.ns), message="Job bucket")
+    pod_spec = job.spec.template.spec
+    assert [e.secret_ref.name for e in pod_spec.containers[0].env_from] == ["s3-keys"]
+    assert not {"output", "dataset"} & {v.name for v in pod_spec.volumes}, "object storage is never mounted"

@@ -73,6 +73,9 @@ SPEC_FILE = f"{SPEC_DIR}/{SPEC_KEY}"
 PROMPTS_DIR = "/etc/muralist/prompts"
 PROMPTS_FILE = "prompts.txt"
 OUTPUT_MOUNT = "/output"
+# With spec.output.uri: where a pod stages what it streams (a shard, the index, the manifest) before
+# uploading it whole; under /tmp, the pod's emptyDir.
+OUTPUT_STAGING = "/tmp/muralist-output"
 DATASET_MOUNT = "/data"  # spec.dataset.volume, read-only
 INPUTS_MOUNT = "/inputs"  # spec.inputs.volume, read-only
 HF_HOME = "/var/cache/huggingface"

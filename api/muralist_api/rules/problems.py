@@ -161,8 +161,8 @@ def _mapping(value: Any) -> dict[str, Any]:
 
 def spec_problems(spec: DiffusionJobSpec) -> list[Problem]:
     """Every cross-field rule of a spec: (field path, message with the fix); empty when valid."""
-    return [*_source_problems(spec), *_strategy_section_problems(spec), *_process_problems(spec),
-            *_layout_problems(spec), *_workload_problems(spec), *_size_problems(spec)]
+    return [*_source_problems(spec), *_storage_problems(spec), *_strategy_section_problems(spec),
+            *_process_problems(spec), *_layout_problems(spec), *_workload_problems(spec), *_size_problems(spec)]
 
 
 @python_rule(no_cel=(
@@ -180,6 +180,39 @@ def _source_problems(spec: DiffusionJobSpec) -> list[Problem]:
     if not spec.prompts and spec.prompts_from is None:
         return [("spec.prompts", "no prompts; add at least one to prompts, set promptsFrom, or use spec.dataset")]
     return []
+
+
+@python_rule()
+def _storage_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """Each of dataset, inputs and output: a volume or a uri (output: at most one, an emptyDir when
+    neither); credentials and endpoint only with a uri; one credentials Secret for the whole job."""
+    out: list[Problem] = []
+    secrets: dict[str, str] = {}
+    for section in (spec.dataset, spec.inputs, spec.output):
+        if section is None:
+            continue
+        name = section.section
+        volume_required = name != "spec.output"
+        if section.volume is not None and section.uri is not None:
+            out.append((name, "set volume or uri, not both" + ("" if volume_required else
+                                                                 " (neither: an emptyDir)")))
+        elif volume_required and section.volume is None and section.uri is None:
+            out.append((name, "set exactly one of volume (a mounted VolumeSource) and uri (object storage, e.g. "
+                              "s3://bucket/prefix)"))
+        if section.uri is None:
+            for field, value in (("credentialsSecret", section.credentials_secret), ("endpoint", section.endpoint)):
+                if value is not None:
+                    out.append((f"{name}.{field}", f"goes with {name}.uri; set uri or remove {field}"))
+        elif section.credentials_secret is not None:
+            secrets[name] = section.credentials_secret
+    for name, secret in list(secrets.items())[1:]:
+        first, first_secret = next(iter(secrets.items()))
+        if secret != first_secret:
+            out.append((f"{name}.credentialsSecret",
+                        f"is {shown(secret)}, but {first}.credentialsSecret is {shown(first_secret)}: the job's pods "
+                        "have one set of storage credentials (a Secret's keys become their environment); use one "
+                        "Secret"))
+    return out
 
 
 def _input_uses(spec: DiffusionJobSpec) -> tuple[set[str], str]:
@@ -205,8 +238,8 @@ def _workload_problems(spec: DiffusionJobSpec) -> list[Problem]:
     uses, field_name = _input_uses(spec)
     out: list[Problem] = []
     if uses and spec.inputs is None:
-        out.append(("spec.inputs", f"{field_name} name input images; set spec.inputs.volume to the volume "
-                    "that holds them"))
+        out.append(("spec.inputs", f"{field_name} name input images; set spec.inputs.volume or spec.inputs.uri to "
+                    "where they are"))
     out += workloads.input_problems(pipeline, uses, field_name)
     out += workloads.video_problems(pipeline, gen.num_frames, gen.height, gen.width, spec.output.format)
     if gen.scheduler is not None:

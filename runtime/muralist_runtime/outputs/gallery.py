@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
@@ -44,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import temps
+from . import storage, temps
 from .gallery_cards import STATUSES, card, job_line
 
 GALLERY_DIR = "gallery"
@@ -288,14 +287,14 @@ def _page_html(head: _Head, page: _Page, known: int, total: _Total | None) -> st
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    # The output tree's temp names (temps.py): the clean-ups at start and after the merge find ours.
-    temps.write_atomic(path, text.encode("utf-8"), fsync=False)
+    # On a volume, the output tree's temp names (temps.py): the clean-ups at start and after the merge find ours.
+    storage.at(path).write(path, text.encode("utf-8"), fsync=False)
 
 
 def _remove_pages_after(gallery: Path, last: int) -> None:
     """Pages of an earlier run with more items: they would link into the new gallery wrongly."""
-    with os.scandir(gallery) as it:
-        for item in it:
-            match = _PAGE_NAME.match(item.name)
-            if match and int(match.group(1)) > last:
-                os.unlink(item.path)
+    files = storage.at(gallery)
+    for name in files.names(gallery):
+        match = _PAGE_NAME.match(name)
+        if match and int(match.group(1)) > last:
+            files.remove(gallery / name)

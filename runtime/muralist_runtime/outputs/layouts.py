@@ -34,7 +34,7 @@ from muralist_api.contract import PermanentFailure, output_format
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
-from . import media, shards, temps
+from . import media, shards, storage, temps
 from .gallery import GALLERY_DIR
 from .thumbnails import thumbnail_jpeg
 from .writer import atomic_write_bytes, atomic_write_text
@@ -84,7 +84,7 @@ def read_part(root: Path, chunk: int) -> list[dict[str, Any]] | None:
     as entries was not written by a version this runtime knows: the folder is refused."""
     path = part_path(root, chunk)
     try:
-        text = path.read_text()
+        text = storage.at(path).read_bytes(path).decode()
     except OSError:
         return None
     out = []
@@ -98,7 +98,8 @@ def read_part(root: Path, chunk: int) -> list[dict[str, Any]] | None:
         if not out:
             raise output_format.FormatError("lists no item")
     except output_format.FormatError as e:
-        raise PermanentFailure("spec.output.path", f"{path} is not a part file this version reads ({e}); move it "
+        where = storage.at(path).where(path)
+        raise PermanentFailure("spec.output.path", f"{where} is not a part file this version reads ({e}); move it "
                                f"away to render chunk {chunk} again, or use another output.path") from None
     return out
 
@@ -122,8 +123,9 @@ def resumed_plan(runtime: RuntimeSpec, plan: Any, recorded: dict[str, Any] | Non
 def _first_parts_rows(root: Path) -> dict[int, set[int]]:
     """chunk -> the rows its part file lists, of the two lowest-numbered part files: enough to
     tell the chunk size (chunk 0 alone may be the last one)."""
-    numbers = sorted(int(p.stem.rpartition("-")[2]) for p in (root / PARTS).glob("chunk-*.jsonl")
-                     if p.stem.rpartition("-")[2].isdigit())
+    stems = [name.removesuffix(".jsonl") for name in storage.at(root).names(root / PARTS)
+             if name.startswith("chunk-") and name.endswith(".jsonl")]
+    numbers = sorted(int(s.rpartition("-")[2]) for s in stems if s.rpartition("-")[2].isdigit())
     out = {}
     for chunk in numbers[:2]:
         entries = read_part(root, chunk)
@@ -238,7 +240,9 @@ class FilesLayout:
         return self.images / f"{item.key}.json"
 
     def item_done(self, item: Item) -> bool:
-        return self.image_path(item).is_file() and self.meta_path(item).is_file()
+        # The output is written last: its presence says the metadata is there too.
+        files = storage.at(self.root)
+        return files.exists(self.image_path(item)) and files.exists(self.meta_path(item))
 
     def kept(self, chunk: int, items: list[Item]) -> dict[str, dict[str, Any]]:
         """Entries of this chunk's items already on disk (from an earlier attempt, a duplicate, or
@@ -249,7 +253,7 @@ class FilesLayout:
             if not self.item_done(item):
                 continue
             try:
-                raw = json.loads(self.meta_path(item).read_text())
+                raw = json.loads(storage.at(self.root).read_bytes(self.meta_path(item)))
                 entry = output_format.read_entry(raw, item.key, item.number(per_row))
             except (OSError, ValueError):  # output_format.FormatError is a ValueError
                 continue
@@ -310,16 +314,18 @@ class WebDatasetLayout:
         """Items a finished shard of this chunk already holds (retrying only its failed ones)."""
         entries = read_part(self.root, chunk) or []
         path = shards.shard_path(self.shards, chunk)
-        if not path.is_file():
+        if not storage.at(path).exists(path):
             return {}
         return {e["key"]: {**e, "status": "skipped"} for e in entries if e.get("status") != "failed"}
 
     def begin_chunk(self, chunk: int, kept: dict[str, dict[str, Any]]) -> None:
         old = shards.shard_path(self.shards, chunk)
         kept_members = []
-        if kept and old.is_file():
+        files = storage.at(old)
+        if kept and files.exists(old):
             keep = set(kept)
-            kept_members = [(key, members) for key, members in shards.read_shard(old) if key in keep]
+            with files.open_read(old) as f:
+                kept_members = [(key, members) for key, members in shards.read_shard(f) if key in keep]
         writer = shards.ShardWriter(self.shards, chunk)
         for key, members in kept_members:
             writer.add(key, members)

@@ -23,7 +23,7 @@ from ..work.chunks import Tally, WorkPlan, merge_wait_bound
 from ..work.claims import ClaimClient
 from ..work.item_failures import NAMED, describe_item
 from ..world.distributed import Layout
-from . import layouts, shards, temps
+from . import layouts, shards, storage, temps
 from .gallery import write_gallery
 from .layouts import read_part
 from .writer import JobFile
@@ -75,7 +75,8 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
 
     try:
         write_gallery(root, title, stream(), page_size=page_size, caption=caption)
-        temps.publish(tmp, manifest, sync_dir=False)  # derived from the part files: rewritten by a rerun
+        # Derived from the part files: rewritten by a rerun. Index and gallery pages after it.
+        storage.at(manifest).publish(tmp, manifest, sync_dir=False)
         index.close()
     except BaseException:
         index.abort()

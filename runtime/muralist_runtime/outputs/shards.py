@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from . import temps
+from . import storage, temps
 
 SHARD_NAME = "shard-{index:06d}.tar"
 _KEY = re.compile(r"[^./\\\s][^./\\]*")
@@ -85,7 +85,7 @@ class ShardWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        temps.publish(self.tmp, self.path)
+        storage.at(self.path).publish(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:
@@ -104,11 +104,13 @@ class ShardWriter:
             self.abort()
 
 
-def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Samples of a shard in order, as (key, {ext: bytes}), grouped like WebDataset groups them."""
+def read_shard(source: Path | IO[bytes]) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Samples of a shard (a file, or one opened for reading) in order, as (key, {ext: bytes}),
+    grouped like WebDataset groups them."""
     key: str | None = None
     sample: dict[str, bytes] = {}
-    with tarfile.open(path, "r:") as tar:
+    with (tarfile.open(source, "r:") if isinstance(source, Path)
+          else tarfile.open(fileobj=source, mode="r:")) as tar:
         for info in tar:
             if not info.isfile():
                 continue
@@ -184,7 +186,7 @@ class IndexWriter:
         self._writer.close()
         with open(self.tmp, "rb") as f:
             os.fsync(f.fileno())
-        temps.publish(self.tmp, self.path)
+        storage.at(self.path).publish(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:

@@ -1,7 +1,8 @@
 """Writing safely: atomic files, job.json, and the writer threads that keep the GPU busy.
 
-Every file is written to a temp name in the same directory and `os.replace`d, so no reader
-ever sees a partial file (temps.py names the temps and removes those of killed writers).
+Every file is written whole through the output tree's storage (storage.py): on a volume to a temp
+name in the same directory and `os.replace`d, so no reader ever sees a partial file (temps.py names
+the temps and removes those of killed writers); in object storage as one PUT.
 
 Outputs never block the GPU: `BackgroundWriter` encodes and writes items on worker threads
 fed by a bounded queue; the generating loop waits only when the queue is full. An item counts
@@ -24,7 +25,7 @@ from muralist_api.contract import PermanentFailure, output_format, resume
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
-from . import temps
+from . import storage, temps
 
 # Items waiting to be written: enough to ride out a slow volume for a few images, few enough
 # that host memory stays small (8 decoded 1024x1024 RGB images are 24 MiB).
@@ -34,7 +35,7 @@ WRITE_THREADS = 2
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    temps.write_atomic(path, data)
+    storage.at(path).write(path, data)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -63,6 +64,11 @@ class JobFile:
         self.path = self.root / "job.json"
         self.chunks: output_format.Chunks | None = None  # recorded by write(): the work plan's cut
 
+    @property
+    def where(self) -> str:
+        """The job's folder as its readers name it (a path, or a URI)."""
+        return storage.at(self.root).where(self.root)
+
     def check_existing(self) -> dict[str, Any] | None:
         """Refuse to mix outputs of different parameters in one directory (every rank reads), or
         to resume a folder of an output format this version does not read; returns the job.json
@@ -72,7 +78,7 @@ class JobFile:
         the same job resumes; one of other parameters is refused, naming the field to change.
         """
         try:
-            recorded = json.loads(self.path.read_text())
+            recorded = json.loads(storage.at(self.path).read_bytes(self.path))
         except (OSError, ValueError):
             return None  # none yet, or unreadable: the first rank rewrites it
         if not isinstance(recorded, dict):
@@ -80,17 +86,17 @@ class JobFile:
         try:
             output_format.recorded_format(recorded)
         except output_format.FormatError as e:
-            raise PermanentFailure("spec.output.path", f"{self.root} {e}; run it with that version, or use "
+            raise PermanentFailure("spec.output.path", f"{self.where} {e}; run it with that version, or use "
                                    "another output.path") from None
         why = resume.mismatch(recorded, self.runtime.spec)
         if why:
-            raise PermanentFailure("spec.output.path", f"{self.root} {why}; use another output.path or empty it")
+            raise PermanentFailure("spec.output.path", f"{self.where} {why}; use another output.path or empty it")
         return recorded
 
     def merged(self) -> bool:
         """Whether the job's outputs were merged already (job.json counts its items)."""
         try:
-            return "items" in json.loads(self.path.read_text())
+            return "items" in json.loads(storage.at(self.path).read_bytes(self.path))
         except (OSError, ValueError, TypeError):
             return False
 

@@ -19,7 +19,7 @@ from typing import Any
 from muralist_api.items import Item
 
 from ..model import pipeline
-from ..outputs import writer
+from ..outputs import storage, writer
 from ..outputs.layouts import RenderedOutput, failed_entry, part_path, read_part, write_part
 from ..run_state import Job, NotSetUp, RunState
 from ..testing import faults
@@ -67,7 +67,8 @@ def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
 
 
 def _finished(job: Job, chunk: int) -> bool:
-    return part_path(Path(job.runtime.output_dir), chunk).is_file()
+    path = part_path(Path(job.runtime.output_dir), chunk)
+    return storage.at(path).exists(path)
 
 
 def _failed_in(job: Job, chunk: int) -> int:

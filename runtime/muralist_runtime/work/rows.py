@@ -18,7 +18,7 @@ from muralist_api.items import Item, row_items
 from muralist_api.job import Generation
 from muralist_api.runtime_spec import RuntimeSpec
 
-from .sources import Columns, MissingColumn, Row, RowSource, SourceError
+from .sources import Columns, MissingColumn, RemotePath, Row, RowSource, SourceError
 
 
 class Rows(Protocol):
@@ -91,12 +91,16 @@ class DatasetRows:
 def dataset_rows(runtime: RuntimeSpec) -> DatasetRows:
     dataset = runtime.spec.dataset
     assert dataset is not None
-    if not runtime.dataset_dir:
+    path: Path | RemotePath
+    if runtime.dataset_uri:
+        path = RemotePath.from_uri(runtime.dataset_uri, dataset.options())
+    elif runtime.dataset_dir:
+        path = Path(runtime.dataset_dir) / dataset.path
+    else:
         raise PermanentFailure("spec.dataset.volume", "set, but the data set volume was not mounted")
     c = dataset.columns
     columns = Columns(prompt=c.prompt, negative_prompt=c.negative_prompt, seed=c.seed, image=c.image, mask=c.mask,
                       strength=c.strength, id=c.id)
-    path = Path(runtime.dataset_dir) / dataset.path
     try:
         # The first file's header, schema or first rows against every mapped column, then the
         # count: before any item renders and before any weight loads.
@@ -109,7 +113,7 @@ def dataset_rows(runtime: RuntimeSpec) -> DatasetRows:
     return DatasetRows(source, dataset)
 
 
-def source_failure(dataset: Dataset, path: Path, e: SourceError) -> PermanentFailure:
+def source_failure(dataset: Dataset, path: Path | RemotePath, e: SourceError) -> PermanentFailure:
     """A source (at `path`) that cannot be read as mapped: a missing column names the mapping
     to change (`spec.dataset.columns.prompt: no column 'text'; columns: uid, caption, seed`)."""
     if not isinstance(e, MissingColumn):

@@ -66,3 +66,9 @@ def test_output_folder_is_the_output_path_under_where_the_volume_is_mounted(tmp_
         output_folder(job)
     on_host = make_job("cats").set("spec.output", {"path": "runs/a", "volume": {"hostPath": {"path": "/data"}}})
     assert output_folder(DiffusionJob.model_validate(on_host.obj())) == Path("/data/runs/a")
+
+
+def test_an_output_in_object_storage_is_read_at_its_uri() -> None:
+    job = DiffusionJob.model_validate(make_job("cats").output(uri="s3://results/runs/", path="june").obj())
+    assert output_folder(job) == "s3://results/runs/june"
+    assert output_folder(job, "s3://mirror/copy") == "s3://mirror/copy/june", "root may name another bucket"

@@ -254,3 +254,10 @@ def test_a_complete_job_whose_every_item_failed_is_failed_not_succeeded() -> Non
     # One item made is a success with a failed item (runPolicy.maxFailedItems is the runtime's to apply).
     st = status(phase="Running", progress={"completed": 1, "failed": 1, "total": 2})
     assert decide(make_job().job(), st, 1, Observed(job=job_view(complete=True)), NOW).status.phase == Phase.SUCCEEDED
+
+
+def test_a_finished_job_in_object_storage_says_its_uri() -> None:
+    job = make_job("cats").output(uri="s3://renders/runs").job()
+    d = decide(job, status(phase=Phase.RUNNING), 1, Observed(job=job_view(complete=True)), NOW)
+    assert d.status.phase == Phase.SUCCEEDED and d.status.message.endswith("images in s3://renders/runs/cats")
+    assert d.status.output_path == "cats", "the folder inside the uri, as inside a volume"

@@ -371,3 +371,34 @@ def test_user_memory_is_kept() -> None:
     )
     resources = render_children(job, "ns", SETTINGS).job["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources == {"limits": {"memory": "100Gi", "nvidia.com/gpu": "8"}}
+
+
+def test_object_storage_is_read_and_written_not_mounted_with_the_secret_as_env() -> None:
+    job = (make_job("captions").prompts()
+           .set("spec.dataset", {"uri": "s3://data/captions", "path": "rows.parquet", "credentialsSecret": "s3-keys",
+                                 "endpoint": "http://minio.storage:9000"})
+           .set("spec.inputs", {"uri": "s3://data/photos/", "credentialsSecret": "s3-keys"})
+           .output(uri="s3://results/runs", path="june", credentialsSecret="s3-keys", layout="webdataset")
+           .job())
+    children = render_children(job, "team-a", SETTINGS)
+    pod = children.job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["envFrom"] == [{"secretRef": {"name": "s3-keys"}}], "the Secret's keys, as the client reads them"
+    assert not {"output", "dataset", "inputs"} & {v["name"] for v in pod["volumes"]}, "a uri is never mounted"
+    assert "/output" not in {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}, "outputs are staged in the pod's emptyDir"
+    runtime = RuntimeSpec.model_validate_json(children.spec_config_map["data"]["spec.json"])
+    assert (runtime.output_uri, runtime.output_dir) == ("s3://results/runs/june", "/tmp/muralist-output/june")
+    assert (runtime.dataset_uri, runtime.dataset_dir) == ("s3://data/captions/rows.parquet", None)
+    assert (runtime.inputs_uri, runtime.inputs_dir) == ("s3://data/photos/", None)
+    assert runtime.spec.dataset is not None and runtime.spec.dataset.options() == {
+        "client_kwargs": {"endpoint_url": "http://minio.storage:9000"}}, "the endpoint reaches the runtime"
+
+
+def test_without_a_secret_the_pods_use_their_own_identity() -> None:
+    job = make_job("cats").output(uri="gs://results").job()
+    container = render_children(job, "team-a", SETTINGS).job["spec"]["template"]["spec"]["containers"][0]
+    assert "envFrom" not in container, "IRSA / workload identity: nothing to inject"
+    plain = make_job("cats").output(volume={"persistentVolumeClaim": {"claimName": "out"}}).job()
+    pod = render_children(plain, "team-a", SETTINGS).job["spec"]["template"]["spec"]
+    assert {"name": "output", "persistentVolumeClaim": {"claimName": "out"}} in pod["volumes"], "volumes as before"

@@ -169,3 +169,11 @@ def test_missing_inline_inputs_are_refused_before_anything_starts(tmp_path: Path
     err = capsys.readouterr().err.splitlines()
     assert err == [f"spec.prompts[2].image: 'photos/x.png' not found in spec.inputs.volume ({tmp_path / 'in'})",
                    f"spec.prompts[2].mask: 'masks/m.png' not found in spec.inputs.volume ({tmp_path / 'in'})"]
+
+
+def test_the_output_may_be_a_uri_staged_locally(tmp_path: Path) -> None:
+    job = local.load_job(write(tmp_path, {"model": {"name": "muralist/tiny-flux"}, "prompts": ["x"],
+                                          "output": {"uri": "s3://results/runs", "path": "a"}}))[0]
+    assert local.output_location(job, None, tmp_path) == (str(tmp_path / "output"), "s3://results/runs/a")
+    assert local.output_location(job, "gs://other/x/", tmp_path) == (str(tmp_path / "output"), "gs://other/x")
+    assert local.output_location(job, str(tmp_path / "here"), tmp_path) == (str(tmp_path / "here"), None)

@@ -9,6 +9,9 @@ reopens only when asked to go backwards.
 
 Indices are positions in the whole source: a folder of files of one format is read as the
 concatenation of its files sorted by name, so index 0 is the first row of the first file.
+A source in object storage (a `RemotePath`) is read the same way, by ranged requests: Parquet's
+footer and the row groups a rank decodes, line formats block by block as they are scanned.
+
 Blank (whitespace-only) lines are not rows in text, JSON Lines and CSV alike, and a file's
 header is not a row, so indices never depend on how a file happens to be laid out.
 
@@ -25,7 +28,8 @@ One concept per module:
 - `detection`: which format and which files a path names (`detect`, `FORMATS`);
 - `readers`: one file read forward (JSON Lines and text, CSV, Parquet, saved datasets);
 - `fields`: `Columns`, `Row`, and parsing and validating each row's values;
-- `errors`: `SourceError`, `MissingColumn`.
+- `errors`: `SourceError`, `MissingColumn`;
+- `location`: `RemotePath`, a source in object storage (spec.dataset.uri) read by range through fsspec.
 
 The names callers need are re-exported here.
 """
@@ -33,6 +37,7 @@ The names callers need are re-exported here.
 from .detection import FORMATS, detect
 from .errors import MissingColumn, SourceError
 from .fields import Columns, Row
+from .location import RemotePath
 from .source import RowSource
 
-__all__ = ["FORMATS", "Columns", "MissingColumn", "Row", "RowSource", "SourceError", "detect"]
+__all__ = ["FORMATS", "Columns", "MissingColumn", "RemotePath", "Row", "RowSource", "SourceError", "detect"]

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from .errors import SourceError
+from .location import RemotePath, source_path
 
 FORMATS = ("jsonl", "csv", "parquet", "text", "hf")
 EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv",
@@ -18,7 +19,7 @@ EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "
 HF_MARKERS = ("dataset_info.json", "state.json")
 
 
-def detect(path: str | os.PathLike[str], fmt: str = "auto") -> tuple[str, list[Path]]:
+def detect(path: str | os.PathLike[str] | RemotePath, fmt: str = "auto") -> tuple[str, list[Path]]:
     """The format and the files (sorted by name) of a file or a folder of files.
 
     Names starting with "." or "_" are skipped in a folder: temp files, `_SUCCESS` markers and
@@ -26,7 +27,7 @@ def detect(path: str | os.PathLike[str], fmt: str = "auto") -> tuple[str, list[P
     read as that format (part files often have no extension); with "auto" every file needs a
     known extension and all must agree.
     """
-    p = Path(path)
+    p = source_path(path)  # a Path, or a RemotePath (object storage) that answers the same questions
     if fmt != "auto" and fmt not in FORMATS:
         raise SourceError(f"{p}: unknown format {fmt!r}; use one of auto, {', '.join(FORMATS)}")
     if not p.exists():
@@ -37,6 +38,9 @@ def detect(path: str | os.PathLike[str], fmt: str = "auto") -> tuple[str, list[P
             raise SourceError(f"{p}: a saved DatasetDict with splits {splits}; point the source at one split's "
                               f"folder, e.g. {p / (splits[0] if splits else 'train')}")
         if fmt in ("auto", "hf") and any((p / m).exists() for m in HF_MARKERS):
+            if isinstance(p, RemotePath):
+                raise SourceError(f"{p}: a saved datasets dataset is read from a volume only; in object storage, "
+                                  "write the rows as Parquet (Dataset.to_parquet) and point the uri at them")
             return "hf", [p]
         if fmt == "hf":
             raise SourceError(f"{p}: not a saved datasets dataset (no {' or '.join(HF_MARKERS)}); "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 class SourceError(ValueError):
@@ -13,8 +14,8 @@ class SourceError(ValueError):
 class MissingColumn(SourceError):
     """A mapped column that a file's header, schema or first rows lack (`found`: what they have)."""
 
-    def __init__(self, path: Path, column: str, found: Sequence[str]):
-        self.path = Path(path)
+    def __init__(self, path: Any, column: str, found: Sequence[str]):
+        self.path = Path(path) if isinstance(path, str) else path  # a Path, or a source's RemotePath
         self.column = column
         self.found = list(found)
         super().__init__(f"{path}: {self.detail()}")

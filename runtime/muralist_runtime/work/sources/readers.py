@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from .errors import MissingColumn, SourceError
 from .fields import Record, _Bad
+from .location import RemotePath
 
 # Read size for the line scanner: large enough that bytes.count and the blank-line regex run
 # at memory speed, small enough to be noise next to a rank's model.
@@ -65,7 +66,7 @@ class _LineReader:
         self.path = path
         self.kind = kind
         self.prompt_key = prompt_key
-        self.f = open(path, "rb")  # noqa: SIM115 - closed by close(), the reader outlives a with-block
+        self.f = path.open("rb")  # closed by close(), the reader outlives a with-block (a Path or RemotePath)
         self.buf = b""
         self.pos = 0
         self.eof = False
@@ -168,7 +169,7 @@ class _CsvReader:
 
     def __init__(self, path: Path, needed: list[str]):
         self.path = path
-        self.f = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 - closed by close()
+        self.f = path.open("r", encoding="utf-8-sig", newline="")  # closed by close()
         self.reader = csv.reader(self.f)
         # csv.reader yields [] for an empty line: filter(None, ...) drops those in C.
         self.records = filter(None, self.reader)
@@ -250,8 +251,10 @@ class _ParquetReader(_BatchReader):
         self.path = path
         self.needed = needed
         self.batch_rows = batch_rows
+        # In object storage, pyarrow reads by range: the footer, then each column chunk it decodes.
+        self._remote = path.open_ranged() if isinstance(path, RemotePath) else None
         try:
-            self.file = pq.ParquetFile(path)
+            self.file = pq.ParquetFile(self._remote if self._remote is not None else path)
         except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for a file that is not Parquet
             raise SourceError(f"{path}: not a readable Parquet file ({e})") from e
         names = self.file.schema_arrow.names
@@ -289,6 +292,8 @@ class _ParquetReader(_BatchReader):
         super().close()
         self.batches = None
         self.file.close()
+        if self._remote is not None:
+            self._remote.close()
 
 
 def _load_hf(path: Path, needed: list[str]) -> Any:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .detection import detect
 from .errors import SourceError
 from .fields import Columns, Row, _make_row
+from .location import RemotePath, source_path
 from .readers import (
     BATCH_ROWS,
     BATCH_ROWS_WITH_IMAGES,
@@ -36,12 +36,12 @@ class RowSource:
     and an older iterator then raises RuntimeError instead of yielding rows of the wrong range.
     """
 
-    def __init__(self, path: str | os.PathLike[str], fmt: str = "auto",
+    def __init__(self, path: str | os.PathLike[str] | RemotePath, fmt: str = "auto",
                  columns: Columns = Columns(),  # noqa: B008 - a frozen dataclass, safe to share
                  start: int = 0, end: int | None = None):
         if start < 0 or (end is not None and end < start):
             raise SourceError(f"{path}: bad row range [{start}, {end})")
-        self.path = Path(path)
+        self.path = source_path(path)
         self.format, self.files = detect(path, fmt)
         self.columns = columns
         self.start = start

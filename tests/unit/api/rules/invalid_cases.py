@@ -92,6 +92,27 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
         "spec.podTemplate.env",
         True,
     ),
+    # Where data lives: a volume or a uri (object storage), credentials and endpoint with a uri only.
+    (
+        "dataset-volume-and-uri",
+        make_job().prompts().set("spec.dataset", {"volume": {"emptyDir": {}}, "uri": "s3://b/rows.parquet"}).obj(),
+        "spec.dataset",
+        True,
+    ),
+    ("dataset-neither-volume-nor-uri", make_job().prompts().set("spec.dataset", {"path": "rows.jsonl"}).obj(),
+     "spec.dataset", True),
+    ("inputs-neither-volume-nor-uri", make_job().set("spec.inputs", {}).obj(), "spec.inputs", True),
+    ("output-volume-and-uri", make_job().output(volume={"emptyDir": {}}, uri="s3://b/out").obj(), "spec.output",
+     True),
+    ("output-endpoint-without-uri", make_job().output(endpoint="http://minio:9000").obj(), "spec.output", True),
+    ("output-uri-not-a-uri", make_job().output(uri="/mnt/out").obj(), "spec.output.uri", True),
+    (
+        "two-credentials-secrets",
+        make_job().prompts().set("spec.dataset", {"uri": "s3://b/rows.parquet", "credentialsSecret": "data"})
+        .output(uri="s3://b/out", credentialsSecret="results").obj(),
+        "spec.output.credentialsSecret",
+        True,
+    ),
     ("bad-strategy", make_job().strategy("PipelineParallel").obj(), "spec.parallelism.strategy", True),
     ("negative-restarts", make_job().run_policy(maxRestarts=-1).obj(), "spec.runPolicy.maxRestarts", True),
 ]

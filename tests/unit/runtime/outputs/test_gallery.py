@@ -314,7 +314,7 @@ def temp_files(root: Path) -> list[Path]:
 def test_every_file_is_renamed_into_place_and_no_temp_file_is_left(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     replaced: list[tuple[str, str]] = []
-    real_replace = gallerymod.os.replace
+    real_replace = temps.os.replace
 
     def recording_replace(src: Any, dst: Any) -> None:
         assert Path(src).read_text(), "the whole file is written before the rename"
@@ -324,7 +324,7 @@ def test_every_file_is_renamed_into_place_and_no_temp_file_is_left(tmp_path: Pat
     (tmp_path / "gallery").mkdir()
     killed = temps.temp_path(tmp_path / "gallery" / "page-00002.html").name.rsplit("-", 1)[0] + "-999999.tmp"
     (tmp_path / "gallery" / killed).write_text("left by a killed writer")
-    monkeypatch.setattr(gallerymod.os, "replace", recording_replace)
+    monkeypatch.setattr(temps.os, "replace", recording_replace)
     write_gallery(tmp_path, "job", (entry(i) for i in range(7)), page_size=2)
     assert [dst for _, dst in replaced] == ["page-00002.html", "page-00003.html", "page-00004.html", "summary.js",
                                             "index.html"], "index.html last: the pages it links are there"

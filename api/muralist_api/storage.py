@@ -1,0 +1,97 @@
+"""Where a job's data lives: a mounted volume, or object storage named by a URI.
+
+`spec.dataset`, `spec.inputs` and `spec.output` each take exactly one of `volume` (a Kubernetes
+VolumeSource, mounted) and `uri` (`s3://bucket/prefix`, `gs://`, `az://`, any fsspec protocol; read
+and written by range and whole objects, never mounted). A URI may name a Secret whose keys become the
+pods' environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...: what the protocol's client reads;
+none: the node's or the service account's own identity, IRSA or workload identity) and an endpoint
+for S3-compatible stores (MinIO, Ceph).
+
+The rules (one of volume and uri, credentials and endpoint only with a uri, one Secret per job since
+its keys become the pod's environment) are Python rules in rules/problems.py, mirrored by the CEL
+rules declared here.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from muralist_api.base import ApiModel
+from muralist_api.cel import CelRule
+
+# A URI with a protocol and something after it: s3://bucket, gs://bucket/prefix, az://container/x.
+URI_PATTERN = r"^[a-z][a-z0-9+.-]*://[^/]"
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+# Protocols whose endpoint option fsspec's implementation spells `endpoint_url` (s3fs in its
+# client_kwargs, gcsfs directly); others take their own options from the environment.
+S3_PROTOCOLS = ("s3", "s3a")
+
+
+def join_uri(uri: str, path: str) -> str:
+    """`path` (relative, no '..': validated) under a URI's prefix."""
+    path = path.strip("/")
+    if path in ("", "."):
+        return uri.rstrip("/")
+    return f"{uri.rstrip('/')}/{path}"
+
+
+def protocol(uri: str) -> str:
+    return uri.split("://", 1)[0]
+
+
+def storage_options(uri: str, endpoint: str | None) -> dict[str, object]:
+    """fsspec's options for a URI: the endpoint override only; credentials come from the env."""
+    if endpoint is None:
+        return {}
+    if protocol(uri) in S3_PROTOCOLS:
+        return {"client_kwargs": {"endpoint_url": endpoint}}
+    return {"endpoint_url": endpoint}
+
+
+def location_rules(section: str, volume_required: bool) -> tuple[CelRule, ...]:
+    """The CEL rules of one section that takes a volume or a uri (`self` is the section)."""
+    from muralist_api.rules import problems
+
+    one = (CelRule("has(self.volume) != has(self.uri)",
+                   f"{section}: set exactly one of volume (a mounted VolumeSource) and uri (object storage, e.g. "
+                   "s3://bucket/prefix)", mirrors=problems._storage_problems)
+           if volume_required else
+           CelRule("!(has(self.volume) && has(self.uri))",
+                   f"{section}: set volume or uri, not both (neither: an emptyDir)",
+                   mirrors=problems._storage_problems))
+    return (
+        one,
+        CelRule("has(self.uri) || (!has(self.credentialsSecret) && !has(self.endpoint))",
+                f"{section}.credentialsSecret and {section}.endpoint go with {section}.uri; set uri or remove them",
+                mirrors=problems._storage_problems),
+    )
+
+
+class StoredAt(ApiModel):
+    """The fields a section that lives in object storage adds beside its `volume`."""
+
+    # The section's path in a manifest, for messages (spec.dataset, ...).
+    section: ClassVar[str] = ""
+
+    uri: str | None = Field(
+        None, max_length=2048, pattern=URI_PATTERN,
+        description="Object storage instead of a volume: s3://bucket/prefix, gs://, az://, or any fsspec "
+        "protocol (the runtime image has s3fs). Read by range and written as whole objects, never mounted.",
+    )
+    credentials_secret: str | None = Field(
+        None, max_length=253, pattern=SECRET_NAME_PATTERN,
+        description="A Secret in the job's namespace whose keys become the pods' environment (e.g. "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); default none: the pods' own identity (IRSA, workload "
+        "identity). One Secret per job: every section that sets one sets the same.",
+    )
+    endpoint: str | None = Field(
+        None, max_length=2048, pattern=r"^https?://[^/]",
+        description="The object store's endpoint, for S3-compatible stores (MinIO, Ceph): e.g. "
+        "http://minio.storage:9000.",
+    )
+
+    def options(self) -> dict[str, object]:
+        """fsspec storage options for `uri`."""
+        return storage_options(self.uri or "", self.endpoint)
