@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -230,3 +232,16 @@ def enable_cache(pipe: Any, cache: CacheSpec, steps: int) -> str:
                                f"blocks), so it would change nothing; use another cache ({others})")
     return f"step cache {cache.type} on {type(transformer).__name__}" + (
         f" {dict(cache.options)}" if cache.options else "")
+
+
+@contextmanager
+def cache_paused(pipe: Any) -> Iterator[None]:
+    """The pipeline without its step cache for a while (the cache gate's reference renders), then
+    with the very config it had (calibrated ratios included), its hooks' state fresh."""
+    transformer = pipe.transformer
+    config = transformer._cache_config  # diffusers' CacheMixin keeps the enabled config here
+    transformer.disable_cache()
+    try:
+        yield
+    finally:
+        transformer.enable_cache(config)

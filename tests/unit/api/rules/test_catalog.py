@@ -217,6 +217,10 @@ def test_workloads_that_fit_are_admitted() -> None:
     wan = make_job().set("spec.model.name", "muralist/tiny-wan").output(format="mp4").generation(
         numFrames=9, height=32, width=32, cache={"type": "TaylorSeer", "options": {"cacheInterval": 3}})
     assert wan.context_parallel(ulysses=2).world(gpus=0, processes=2).job()
+    gated = make_job().generation(cache={"type": "FirstBlockCache", "verify": {
+        "sample": "5%", "minPsnr": 30, "minSsim": 0.9, "onFail": "DisableCache"}}).job()
+    verify = gated.spec.generation.cache.verify
+    assert verify is not None and verify.on_fail == "DisableCache"
     edit = make_job().set("spec.model.pipeline", "FluxInpaintPipeline").set("spec.inputs", {"volume": {
         "hostPath": {"path": "/photos"}}}).prompts({"text": "a red mug", "image": "mug.png", "mask": "mask.png",
                                                      "strength": 0.8})
