@@ -128,10 +128,11 @@ def set_up_world(job: Job, state: RunState) -> None:
     state.reporter, state.progress = progress.start(layout, job.work.total_items)
 
 
-# 3. Load the pipeline (model/loading.py).
+# 3. Load the pipeline (model/loading.py); what it learns of the model (a calibrated cache) goes to
+# job.json at the merge.
 def load(job: Job, state: RunState) -> Any:
     return loading.load(job.runtime, job.strategy, job.plan, job.source, job.revision, job.first, job.gpu,
-                        state.world, state.timings)
+                        state.world, state.timings, state.learned)
 
 
 # 4. Generate: claim chunks until none is left, render, write (render/claim_loop.py).
@@ -155,7 +156,7 @@ def summarise(job: Job, state: RunState) -> None:
     if state.server is not None:
         merge.merge_job(job.runtime, job.work, state.jobfile, state.claims, layout,
                         rank_files.stall_watch(progress_dir(), timeout), state.progress.slowest_item_seconds,
-                        state.timings)
+                        state.timings, state.learned)
     if layout.local_rank == 0:
         rank_files.wait_for_pod(progress_dir(), timeout)
 

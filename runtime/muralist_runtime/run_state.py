@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from muralist_api.contract import Counts
 from muralist_api.items import Item
@@ -53,6 +53,7 @@ class RunState:
     """
 
     timings: dict[str, float] = field(default_factory=dict)
+    learned: dict[str, Any] = field(default_factory=dict)  # of the model, for job.json (a calibrated cache)
     started: float = field(default_factory=time.perf_counter)
     server: ClaimServer | None = None  # the first pod's first rank
     reporter: PodReporter | None = None  # each pod's first rank

@@ -90,7 +90,8 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
 
 
 def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: ClaimClient, layout: Layout,
-              pending: Callable[[int], object], slowest_item_seconds: float, timings: dict[str, float]) -> None:
+              pending: Callable[[int], object], slowest_item_seconds: float, timings: dict[str, float],
+              learned: dict[str, Any] | None = None) -> None:
     """The first pod's first rank: wait for every chunk, merge, and fail the job when its failed
     items say so. `pending`: this pod's ranks not done yet (it raises on a stalled one)."""
     start = time.perf_counter()
@@ -108,7 +109,7 @@ def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: Cl
                "adapters": [{"name": a.name, "scale": a.scale} for a in spec.model.adapters]}
     sampled: list[dict[str, Any]] = []
     counts = merge(jobfile.root, work.chunks, runtime.name, spec.output.gallery_page_size, caption, sampled)
-    summary: dict[str, Any] = {"items": counts}
+    summary: dict[str, Any] = {**(learned or {}), "items": counts}
     if spec.generation.cache is not None and spec.generation.cache.verify is not None:
         summary["cacheVerify"] = cache_verdict.summarise(sampled, spec.generation.cache.verify.thresholds(),
                                                          cache_verdict.read_off(jobfile.root))
