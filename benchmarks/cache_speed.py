@@ -29,7 +29,12 @@ nothing.
 "attn / MLP runs": how often the last single block's attention (attn.to_q) and MLP (proj_mlp)
 really ran, per denoising step (100 % = never skipped).
 
---quick: a few prompts, one round, four settings and the control (under a minute; the test
+MagCache runs with diffusers' published FLUX.1-dev ratios and with ratios calibrated for this
+model: the job's way (options.calibrate, model/mag_calibration.py) on the first prompt, once
+before the rounds, then passed to each round as options.ratios (what a later job reuses), so the
+calibration render is not timed.
+
+--quick: a few prompts, one round, four settings and the controls (under a minute; the test
 suite runs it to check that the script runs to its table; its figures mean little).
 """
 
@@ -64,12 +69,14 @@ SETTINGS: list[tuple[str, str | None, dict[str, Any]]] = [
     ("TaylorSeer interval 2, order 2", "TaylorSeer", {"cacheInterval": 2, "maxOrder": 2}),
     ("MagCache 0.06, FLUX.1-dev ratios (default)", "MagCache", {}),
     ("MagCache 0.24, 5 skips, FLUX.1-dev ratios", "MagCache", {"threshold": 0.24, "maxSkipSteps": 5}),
+    ("MagCache 0.06, calibrated on this model", "MagCache", {"calibrate": True}),
+    ("MagCache 0.24, 5 skips, calibrated", "MagCache", {"calibrate": True, "threshold": 0.24, "maxSkipSteps": 5}),
     ("FasterCache (default)", "FasterCache", {}),
     ("PyramidAttentionBroadcast 2", "PyramidAttentionBroadcast", {"spatialAttentionBlockSkipRange": 2}),
     (CONTROL, None, {}),
     (ZEROED, None, {}),
 ]
-QUICK = ["none", "FirstBlockCache 0.1", "FirstBlockCache 0.8", "TaylorSeer interval 5 (default)", *CONTROLS]
+QUICK = ["none", "FirstBlockCache 0.1", "FirstBlockCache 0.8", "MagCache 0.06, calibrated on this model", *CONTROLS]
 QUICK_PROMPTS = 6
 
 
@@ -203,6 +210,26 @@ def run_setting(pipe: Any, setting: Setting, prompts: list[tuple[str, int]], cou
             undo()
 
 
+def calibrate_once(pipe: Any, prompts: list[tuple[str, int]], settings: list[Setting]) -> list[float] | None:
+    """Settings that ask MagCache to calibrate get the ratios the job's way, measured once on the
+    first prompt, as options.ratios; the ratios, or None when no setting asks."""
+    from muralist_runtime.model import mag_calibration, options
+    from muralist_runtime.work import rows
+
+    asking = [s for s in settings if s.options.get("calibrate")]
+    if not asking:
+        return None
+    runtime = runtime_spec(prompts[:1], "MagCache", {"calibrate": True})
+    options.apply_features(pipe, runtime)
+    source = rows.open_rows(runtime)
+    first = rows.items_of(source.rows(0, 1), runtime.spec.generation)[0]
+    ratios: list[float] = mag_calibration.calibrate(pipe, runtime, first)["ratios"]
+    pipe.transformer.disable_cache()
+    for setting in asking:
+        setting.options = {**{k: v for k, v in setting.options.items() if k != "calibrate"}, "ratios": ratios}
+    return ratios
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -228,6 +255,10 @@ def main() -> int:
     steps_run = args.prompts * STEPS
     reference: list[Any] | None = None
     render_all(pipe, runtime_spec(prompts[:1], None, {}))  # warm-up: the first call pays one-off costs
+    ratios = calibrate_once(pipe, prompts, settings)
+    if ratios is not None:
+        print(f"MagCache ratios calibrated on {prompts[0][0]!r} (seed {prompts[0][1]}): "
+              f"{', '.join(f'{r:.4f}' for r in ratios)}", flush=True)
     loads = [load_average()]
     print(f"{len(settings)} settings x {args.rounds} rounds x {args.prompts} images, {STEPS} steps, 64x64, "
           f"{args.threads} thread(s); load {loads[0]}", flush=True)
