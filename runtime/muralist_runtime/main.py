@@ -52,7 +52,7 @@ from .plan import model as model_plan
 from .plan import work as work_plan
 from .render import claim_loop
 from .report import progress, rank_files
-from .report.rank_files import progress_dir, read_counts
+from .report.rank_files import progress_dir, read_pod
 from .report.termination import termination_log_path, write_termination
 from .run_state import Job, RunState
 from .work import store
@@ -179,7 +179,8 @@ def run(spec_path: str) -> int:
         state.timings["peakMemoryMiB"] = peak_memory_mib()
         if state.world.layout.local_rank == 0:
             # The pod's counts (all its ranks are done: summarise waited for them), the job's total.
-            write_termination(Termination(read_counts([progress_dir()]), timings=state.timings))
+            pod = read_pod([progress_dir()])
+            write_termination(Termination(pod.counts, timings=state.timings, cache_sample=pod.cache_sample))
         return contract.EXIT_OK
     except NothingLeft as e:
         log.info("nothing to do: %s", e)
@@ -189,7 +190,7 @@ def run(spec_path: str) -> int:
     except PermanentFailure as e:
         state.finish_writes()
         write_termination(Termination(state.counts, PERMANENT_FAILURE_EXIT_CODE, True, "PermanentFailure", str(e),
-                                      state.timings))
+                                      state.timings, state.cache_sample))
         if not verdict_printed_by_launcher():
             print(f"muralist: {e}", file=sys.stderr, flush=True)
         return PERMANENT_FAILURE_EXIT_CODE

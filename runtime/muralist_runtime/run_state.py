@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from muralist_api.contract import Counts
+from muralist_api.contract import CacheSample, Counts
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
@@ -114,6 +114,11 @@ class RunState:
     @property
     def counts(self) -> Counts:
         return self._progress.counts if self._progress is not None else Counts()
+
+    @property
+    def cache_sample(self) -> CacheSample | None:
+        """generation.cache.verify's items this rank measured (None: none)."""
+        return self._progress.state.cache_sample if self._progress is not None else None
 
     def finish_writes(self) -> None:
         """On a failure: let queued items reach the disk, raising nothing."""

@@ -59,7 +59,8 @@ def test_a_mild_cache_passes_and_each_sampled_row_says_what_it_cost(passed: Run)
     assert summary["verdict"] == "passed" and summary["sampled"] == 2
     assert summary["thresholds"] == GATE
     assert summary["minSsim"] == min(row["cacheVerify"]["ssim"] for row in measured)
-    assert passed.termination["cacheVerifySampled"] == 2
+    assert passed.termination["cacheVerify"] == {"sampled": 2, "minPsnr": summary["minPsnr"],
+                                                 "minSsim": round(summary["minSsim"], 6), "cacheOff": False}
     assert not (passed.output / "cache-off.json").exists()
 
 
@@ -74,7 +75,8 @@ def test_an_aggressive_cache_fails_the_job_naming_the_threshold_and_the_value(
                               "more than the job allows: item "), message
     measured = float(message.split("has PSNR ")[1].split(" dB")[0])
     assert measured < GATE["minPsnr"]
-    assert run.termination["cacheVerifySampled"] == 1
+    assert run.termination["cacheVerify"]["sampled"] == 1
+    assert run.termination["cacheVerify"]["minPsnr"] == pytest.approx(measured, abs=0.01)
     assert not run.manifest(), "failed before the merge"
 
 
@@ -99,3 +101,4 @@ def test_disable_cache_turns_it_off_for_every_group_for_the_rest_of_the_job(
         if rank == first["rank"]:
             assert not any(cached), "the measuring group renders the rest without it"
     assert "turns FirstBlockCache off for the rest of the job" in run.stderr
+    assert run.termination["cacheVerify"]["cacheOff"] is True, "the measuring group's pod says so"

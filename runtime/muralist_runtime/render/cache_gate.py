@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muralist_api.contract import PermanentFailure
+from muralist_api.contract import CacheSample, PermanentFailure
 from muralist_api.items import Item
 from muralist_api.options import VERIFY_FIELD, CacheSpec, CacheVerify
 from muralist_api.runtime_spec import RuntimeSpec
@@ -138,14 +138,11 @@ class CacheGate:
         log.warning("cache verify: %s verdict turns %s off for the rest of the job (item %s: %s)", whose,
                     self.cache.type, verdict.get("item"), verdict.get("message"))
 
-    def report(self, numbers: dict[str, float]) -> None:
-        """This rank's sample in the termination message's numbers (job.json sums every rank's rows)."""
+    def sample(self) -> CacheSample | None:
+        """What this rank measured, for its rank file and the pod's termination message (job.json
+        sums every rank's rows); None before it measured anything."""
         if not self.measured:
-            return
-        numbers["cacheVerifySampled"] = len(self.measured)
+            return None
         finite = [p for p, _ in self.measured if p != float("inf")]
-        if finite:
-            numbers["cacheVerifyMinPsnr"] = min(finite)
-        numbers["cacheVerifyMinSsim"] = min(s for _, s in self.measured)
-        if self.off is not None:
-            numbers["cacheOff"] = 1
+        return CacheSample(len(self.measured), min(finite) if finite else None, min(s for _, s in self.measured),
+                           self.off is not None)

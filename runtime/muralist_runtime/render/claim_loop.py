@@ -104,8 +104,9 @@ def generate(job: Job, pipe: Any, state: RunState) -> None:
                 gate.follow(pipe, state.world, state.writes)
             rendered += run_chunk(job, pipe, state, chunk, sweeping, gate)
     finally:
-        if gate is not None:
-            gate.report(state.timings)
+        sample = gate.sample() if gate is not None else None
+        if sample is not None:
+            state.progress.cache_measured(sample)
     if state.background is not None:
         state.background.close()  # raises a write error
     state.timings["generateSeconds"] = time.perf_counter() - start
