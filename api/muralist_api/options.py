@@ -134,6 +134,8 @@ class CacheSpec(ApiModel):
     options: KubeObject = Field(
         default_factory=dict,
         description="The cache's knobs in camelCase, e.g. {threshold: 0.1} (FirstBlockCache, MagCache), "
+        "{calibrate: true} or {ratios: [...]} (MagCache on a model other than FLUX.1: ratios measured on the "
+        "job's first item and recorded in job.json, or given from such a job), "
         "{cacheInterval: 4, disableCacheBeforeStep: 2} (TaylorSeer), {spatialAttentionBlockSkipRange: 2} "
         "(FasterCache, PyramidAttentionBroadcast); `kubectl explain` lists the types, the docs (tasks/caches.md) "
         "the knobs.",
