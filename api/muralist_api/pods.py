@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from muralist_api.base import ApiModel, KubeObject
 from muralist_api.cel import CelRule
 from muralist_api.contract import reserved_env_cel, reserved_env_problem
+from muralist_api.rules.problems import shown
 
 
 class EnvVar(ApiModel):
@@ -112,7 +113,7 @@ class RunPolicy(ApiModel):
         if isinstance(value, int) and value < 0:
             raise ValueError(f"is {value}; use a count of 0 or more, or a percentage such as '1%'")
         if isinstance(value, str) and not re.fullmatch(r"\d+(\.\d+)?%", value):
-            raise ValueError(f"{value!r} is neither a count nor a percentage; write e.g. 10 or '1%'")
+            raise ValueError(f"{shown(value)} is neither a count nor a percentage; write e.g. 10 or '1%'")
         return value
 
     def failed_items_limit(self, total: int) -> int:

@@ -63,6 +63,17 @@ class Condition(ApiModel):
     observed_generation: int | None = Field(None, description="Generation this condition was computed for.")
 
 
+class CacheVerifyStatus(ApiModel):
+    sampled: int = Field(0, description="Items of generation.cache.verify's sample measured so far (by pods that "
+                         "finished), each against its render without the cache.")
+    min_psnr: float | None = Field(None, description="The lowest PSNR (dB) of a cached image against its uncached "
+                                   "render; unset while every one was identical.")
+    min_ssim: float | None = Field(None, description="The lowest SSIM (0-1) of a cached image against its uncached "
+                                   "render.")
+    cache_off: bool = Field(False, description="A sampled item missed a threshold and onFail: DisableCache turned the "
+                            "cache off for the rest of the job (cache-off.json in the job folder says which).")
+
+
 class DiffusionJobStatus(ApiModel):
     phase: Phase = Field(Phase.PENDING, description="Pending | Running | Suspended | Succeeded | Failed "
                          "(Restarting: written by older operators).")
@@ -80,3 +91,6 @@ class DiffusionJobStatus(ApiModel):
     output_path: str = Field(
         "", description="Where the images are, inside the output volume (or under spec.output.uri).")
     message: str = Field("", description="Why the job is in its phase.")
+    cache_verify: CacheVerifyStatus | None = Field(
+        None, description="What generation.cache.verify measured, from the pods that finished (job.json has every "
+        "sampled item's figures); a job that failed it says why in message.")

@@ -91,6 +91,7 @@ PRINTER_COLUMNS = [
 ]
 
 _DROP_KEYS = {"title", "additionalProperties", "$defs"}
+_EXCLUSIVE = {"exclusiveMinimum": "minimum", "exclusiveMaximum": "maximum"}  # pydantic's gt / lt
 # Read order for people who open the YAML: what a node is, then its constraints, then children.
 _KEY_ORDER: Any = {"type": 0, "description": 1, "default": 2}.get
 
@@ -125,6 +126,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             out[key] = _structural(value, defs)
         elif key == "const":
             out["enum"] = [value]
+        elif key in _EXCLUSIVE:
+            # JSON Schema's exclusive bound is the bound itself; OpenAPI v3 (the API server's) is
+            # the plain bound and a boolean beside it.
+            out[_EXCLUSIVE[key]] = value
+            out[key] = True
         else:
             out[key] = copy.deepcopy(value)
     out = {k: out[k] for k in sorted(out, key=lambda k: _KEY_ORDER(k, 3))}

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from muralist_api.contract import CacheSample
 from muralist_api.job import DiffusionJob
-from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus, Phase
+from muralist_api.status import TERMINAL_PHASES, CacheVerifyStatus, DiffusionJobStatus, Phase
 from muralist_api.storage import join_uri
 
 from muralist_operator.decision import (
@@ -26,7 +27,7 @@ from muralist_operator.decision import (
     StopPod,
     Transition,
 )
-from muralist_operator.observe import Observed
+from muralist_operator.observe import Observed, PodView
 from muralist_operator.policies import deadline, failure, stall, suspension, ttl, world
 from muralist_operator.progress.aggregate import JobProgress
 
@@ -62,6 +63,22 @@ def apply_progress(status: DiffusionJobStatus, pushed: JobProgress | None, known
         p.completed = min(p.completed, p.total)
         p.percent = min(100.0, round(100.0 * (p.completed + p.failed) / p.total, 1))
     _summarise(status)
+
+
+def apply_cache_verify(status: DiffusionJobStatus, pods: list[PodView]) -> None:
+    """status.cacheVerify: generation.cache.verify's sample as the finished pods' termination
+    messages report it (each pod its own share; pods that are gone keep what was written)."""
+    total: CacheSample | None = None
+    for pod in pods:
+        if pod.cache_sample is not None:
+            total = pod.cache_sample.combine(total)
+    if total is None:
+        return
+    known = status.cache_verify
+    if known is not None and known.sampled > total.sampled:
+        return  # pods were deleted since (a retry, a TTL): keep the fuller figure
+    status.cache_verify = CacheVerifyStatus(sampled=total.sampled, min_psnr=total.min_psnr, min_ssim=total.min_ssim,
+                                            cache_off=total.cache_off)
 
 
 def finish_progress(status: DiffusionJobStatus) -> None:
@@ -126,6 +143,7 @@ def decide(
     st.world_size, st.data_parallel_degree = par.world_size, par.data_parallel_degree
     st.output_path = job.output_path
     apply_progress(st, observed.progress, job.total_images)
+    apply_cache_verify(st, observed.pods)
 
     # 1. Finished jobs only wait for their time-to-live.
     if st.phase in TERMINAL_PHASES:

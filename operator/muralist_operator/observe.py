@@ -74,6 +74,7 @@ class PodView:
     # The runtime's final summary (termination message), whatever the exit code: the source of
     # truth for a finished pod's counts, pushed progress or not.
     counts: contract.Counts | None = None
+    cache_sample: contract.CacheSample | None = None  # generation.cache.verify, from the termination message
 
     @property
     def stop_reason(self) -> str:
@@ -128,7 +129,7 @@ def _int(value: Any, default: int) -> int:
 
 def pod_view(body: Mapping[str, Any]) -> PodView:
     meta, status = body.get("metadata", {}), body.get("status") or {}
-    termination, counts, finished = None, None, None
+    termination, counts, finished, cache_sample = None, None, None, None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if not term:
@@ -137,7 +138,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         message = term.get("message", "") or ""
         report = contract.Termination.parse(message) if message else None
         if report is not None:
-            counts = report.counts
+            counts, cache_sample = report.counts, report.cache_sample
         if term.get("exitCode", 0) != 0:
             termination = Termination(exit_code=int(term.get("exitCode", 1)), reason=term.get("reason", ""),
                                       message=message)
@@ -157,6 +158,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         created=meta.get("creationTimestamp"),
         finished=finished,
         counts=counts,
+        cache_sample=cache_sample,
     )
 
 

@@ -52,7 +52,7 @@ from .plan import model as model_plan
 from .plan import work as work_plan
 from .render import claim_loop
 from .report import progress, rank_files
-from .report.rank_files import progress_dir, read_counts
+from .report.rank_files import progress_dir, read_pod
 from .report.termination import termination_log_path, write_termination
 from .run_state import Job, RunState
 from .work import store
@@ -129,10 +129,11 @@ def set_up_world(job: Job, state: RunState) -> None:
     state.reporter, state.progress = progress.start(layout, job.work.total_items)
 
 
-# 3. Load the pipeline (model/loading.py).
+# 3. Load the pipeline (model/loading.py); what it learns of the model (a calibrated cache) goes to
+# job.json at the merge.
 def load(job: Job, state: RunState) -> Any:
     return loading.load(job.runtime, job.strategy, job.plan, job.source, job.revision, job.first, job.gpu,
-                        state.world, state.timings)
+                        state.world, state.timings, state.learned)
 
 
 # 4. Generate: claim chunks until none is left, render, write (render/claim_loop.py).
@@ -156,7 +157,7 @@ def summarise(job: Job, state: RunState) -> None:
     if state.server is not None:
         merge.merge_job(job.runtime, job.work, state.jobfile, state.claims, layout,
                         rank_files.stall_watch(progress_dir(), timeout), state.progress.slowest_item_seconds,
-                        state.timings)
+                        state.timings, state.learned)
     if layout.local_rank == 0:
         rank_files.wait_for_pod(progress_dir(), timeout)
 
@@ -179,7 +180,8 @@ def run(spec_path: str) -> int:
         state.timings["peakMemoryMiB"] = peak_memory_mib()
         if state.world.layout.local_rank == 0:
             # The pod's counts (all its ranks are done: summarise waited for them), the job's total.
-            write_termination(Termination(read_counts([progress_dir()]), timings=state.timings))
+            pod = read_pod([progress_dir()])
+            write_termination(Termination(pod.counts, timings=state.timings, cache_sample=pod.cache_sample))
         return contract.EXIT_OK
     except NothingLeft as e:
         log.info("nothing to do: %s", e)
@@ -189,7 +191,7 @@ def run(spec_path: str) -> int:
     except PermanentFailure as e:
         state.finish_writes()
         write_termination(Termination(state.counts, PERMANENT_FAILURE_EXIT_CODE, True, "PermanentFailure", str(e),
-                                      state.timings))
+                                      state.timings, state.cache_sample))
         if not verdict_printed_by_launcher():
             print(f"muralist: {e}", file=sys.stderr, flush=True)
         return PERMANENT_FAILURE_EXIT_CODE

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from muralist_api.contract import Counts
+from muralist_api.contract import CacheSample, Counts
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
@@ -53,6 +53,7 @@ class RunState:
     """
 
     timings: dict[str, float] = field(default_factory=dict)
+    learned: dict[str, Any] = field(default_factory=dict)  # of the model, for job.json (a calibrated cache)
     started: float = field(default_factory=time.perf_counter)
     server: ClaimServer | None = None  # the first pod's first rank
     reporter: PodReporter | None = None  # each pod's first rank
@@ -113,6 +114,11 @@ class RunState:
     @property
     def counts(self) -> Counts:
         return self._progress.counts if self._progress is not None else Counts()
+
+    @property
+    def cache_sample(self) -> CacheSample | None:
+        """generation.cache.verify's items this rank measured (None: none)."""
+        return self._progress.state.cache_sample if self._progress is not None else None
 
     def finish_writes(self) -> None:
         """On a failure: let queued items reach the disk, raising nothing."""

@@ -175,10 +175,13 @@ def test_cache_options_reach_the_config(flux) -> None:
 
 def test_magcache_needs_ratios_for_the_model(tiny_wan: Path) -> None:
     pipe, _ = load(tiny_wan, wan_job())
-    with pytest.raises(PermanentFailure, match="MagCache needs calibrated ratios for this model "
-                                               r"\(WanTransformer3DModel\)") as e:
+    with pytest.raises(PermanentFailure, match="MagCache needs magnitude ratios calibrated for this model "
+                                               r"\(WanTransformer3DModel\).*calibrate: true") as e:
         options.enable_cache(pipe, CacheSpec(type="MagCache"), steps=4)
-    assert e.value.field == "spec.generation.cache.type"
+    assert e.value.field == "spec.generation.cache.options"
+    given = options.cache_config(pipe, CacheSpec(type="MagCache", options={"ratios": [1.0, 0.9]}), 4)
+    assert given.mag_ratios.tolist() == pytest.approx([1.0, 1.0, 0.9, 0.9]), "given ratios, interpolated to the steps"
+    assert options.cache_config(pipe, CacheSpec(type="MagCache", options={"calibrate": True}), 4).calibrate
 
 
 @pytest.mark.parametrize(("kind", "works"), [("TaylorSeer", False), ("FirstBlockCache", True),

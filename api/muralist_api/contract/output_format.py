@@ -16,7 +16,9 @@ Versions (tests/fixtures/formats/ holds a partial folder of each, written by the
    webdataset (shards/shard-<c>.tar); index.parquet; items' JSON gains index, id and kind.
 3. 4acd534 ..: chunks of ceil(rows / (16 x groups)) rows: the same part file names cover other
    rows. Fields added since (video frames, fps and codec, poster and input thumbnails,
-   adapters, scheduler, cache) are optional and change nothing for a reader.
+   adapters, scheduler, cache, the cache gate's cacheVerify) are optional and change nothing
+   for a reader; so are job.json's cacheVerify and cacheCalibration and the folder's
+   cache-off.json.
 4. 7266f35 ..: job.json records `outputFormat` and the folder's chunks, `plan: {firstRow,
    chunkRows}`: a resume keeps the folder's chunks whatever the world size or this version's
    chunking.

@@ -43,6 +43,48 @@ Reason = Literal["Completed", "Error", "PermanentFailure"]
 SEVERITY: Mapping[str, int] = {"Completed": 0, "Error": 1, "PermanentFailure": 2}
 
 
+@dataclass(frozen=True)
+class CacheSample:
+    """The share of generation.cache.verify's sample that ranks measured: how many items, their
+    lowest PSNR (dB; None when every one was identical to its uncached render) and SSIM, and
+    whether the cache was turned off (onFail: DisableCache)."""
+
+    sampled: int
+    min_psnr: float | None = None
+    min_ssim: float | None = None
+    cache_off: bool = False
+
+    def combine(self, other: CacheSample | None) -> CacheSample:
+        if other is None:
+            return self
+        return CacheSample(self.sampled + other.sampled, _lowest(self.min_psnr, other.min_psnr),
+                           _lowest(self.min_ssim, other.min_ssim), self.cache_off or other.cache_off)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"sampled": self.sampled, "minPsnr": _rounded(self.min_psnr, 3), "minSsim": _rounded(self.min_ssim, 6),
+                "cacheOff": self.cache_off}
+
+    @classmethod
+    def from_wire(cls, doc: object) -> CacheSample | None:
+        """The sample in a termination message or a rank file; None when there is none (or it is not one)."""
+        if not isinstance(doc, dict) or not isinstance(doc.get("sampled"), int):
+            return None
+
+        def number(key: str) -> float | None:
+            value = doc.get(key)
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+        return cls(doc["sampled"], number("minPsnr"), number("minSsim"), doc.get("cacheOff") is True)
+
+
+def _lowest(a: float | None, b: float | None) -> float | None:
+    return min(a, b) if a is not None and b is not None else a if b is None else b
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 @dataclass
 class Termination:
     """The JSON summary a runtime process leaves in the termination message (under 4 KiB)."""
@@ -53,11 +95,14 @@ class Termination:
     reason: str = "Completed"
     message: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    cache_sample: CacheSample | None = None  # generation.cache.verify: this pod's share of the sample
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {**asdict(self.counts), "exitCode": self.exit_code, "permanent": self.permanent,
                                "reason": self.reason, "message": self.message}
         doc.update({k: round(v, 3) for k, v in self.timings.items()})
+        if self.cache_sample is not None:
+            doc["cacheVerify"] = self.cache_sample.to_wire()
         text = json.dumps(doc)
         over = len(text.encode()) - TERMINATION_MESSAGE_MAX
         if over > 0:
@@ -89,6 +134,7 @@ class Termination:
             reason=str(doc.get("reason", "")),
             message=str(doc.get("message", "")),
             timings={k: float(v) for k, v in doc.items() if k not in known and isinstance(v, int | float)},
+            cache_sample=CacheSample.from_wire(doc.get("cacheVerify")),
         )
 
     @property

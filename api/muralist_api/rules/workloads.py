@@ -158,9 +158,13 @@ CACHES: dict[str, CacheKind] = {
     "TaylorSeer": CacheKind("TaylorSeerCacheConfig", {
         "cacheInterval": ("cache_interval", int), "disableCacheBeforeStep": ("disable_cache_before_step", int),
         "disableCacheAfterStep": ("disable_cache_after_step", int), "maxOrder": ("max_order", int)}),
+    # ratios: calibrated magnitude ratios (one per step, interpolated to the job's steps), e.g.
+    # the `cacheCalibration.ratios` a calibrating job wrote to job.json; calibrate: measure them
+    # on the job's first item first (the runtime does, every rank alike).
     "MagCache": CacheKind(
         "MagCacheConfig", {"threshold": ("threshold", float), "maxSkipSteps": ("max_skip_steps", int),
-                           "retentionRatio": ("retention_ratio", float)}, parallel_safe=False,
+                           "retentionRatio": ("retention_ratio", float), "ratios": ("mag_ratios", list),
+                           "calibrate": ("calibrate", bool)}, parallel_safe=False,
         why_not_parallel="it skips steps from each rank's own residuals, without the group agreeing"),
     "FasterCache": CacheKind("FasterCacheConfig", {
         "spatialAttentionBlockSkipRange": ("spatial_attention_block_skip_range", int),
@@ -172,6 +176,11 @@ CACHES: dict[str, CacheKind] = {
         "temporalAttentionBlockSkipRange": ("temporal_attention_block_skip_range", int),
         "crossAttentionBlockSkipRange": ("cross_attention_block_skip_range", int)}),
 }
+
+
+def _positive_numbers(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in value)
 
 
 @python_rule(no_cel="needs the rules catalog's cache kinds and their options, which the CRD does not carry")
@@ -186,6 +195,11 @@ def cache_problems(kind: str, options: dict[str, object], strategy: str) -> list
         elif not (isinstance(value, known[1]) or (known[1] is float and isinstance(value, int))) or (
                 known[1] is not bool and isinstance(value, bool)):
             out.append((f"spec.generation.cache.options.{name}", f"must be a {known[1].__name__}, not {value!r}"))
+        elif known[1] is list and not _positive_numbers(value):
+            out.append((f"spec.generation.cache.options.{name}", "must be a list of positive numbers (one per step)"))
+    if options.get("calibrate") is True and "ratios" in options:
+        out.append(("spec.generation.cache.options.calibrate", f"{kind} either calibrates or uses the ratios given; "
+                    "remove one"))
     if strategy in ("ContextParallel", "TensorParallel") and not cache.parallel_safe:
         safe = ", ".join(k for k, c in CACHES.items() if c.parallel_safe)
         out.append(("spec.generation.cache.type",

@@ -2,8 +2,8 @@
 the job's features (adapters, scheduler, step cache), verified by the canary, parallelised and,
 when asked, compiled.
 
-Timings: loadSeconds (staging, from_pretrained, placement, parallel setup), verifySeconds and
-compileSeconds (warm-up included).
+Timings: loadSeconds (staging, from_pretrained, placement, parallel setup, MagCache's calibration
+included), calibrateSeconds (that render alone), verifySeconds and compileSeconds (warm-up included).
 """
 
 from __future__ import annotations
@@ -16,15 +16,18 @@ from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
 from ..world.distributed import DistributedWorld
-from . import canary, options, pipeline, staging
+from . import canary, mag_calibration, options, pipeline, staging
 from .strategies import ParallelStrategy, Plan
 
 log = logging.getLogger("muralist")
 
 
 def load(runtime: RuntimeSpec, strategy: ParallelStrategy, plan: Plan, source: str, revision: str | None,
-         first: Item, gpu: bool, world: DistributedWorld, timings: dict[str, float]) -> Any:
-    """The pipeline, ready to render this rank's share; `first`: the canary's and the warm-up's item."""
+         first: Item, gpu: bool, world: DistributedWorld, timings: dict[str, float],
+         learned: dict[str, Any] | None = None) -> Any:
+    """The pipeline, ready to render this rank's share; `first`: the canary's, the warm-up's and
+    MagCache's calibration item. `learned` receives what job.json records of the model (a
+    calibrated cache: `cacheCalibration`)."""
     spec = runtime.spec
     start = time.perf_counter()
     loading = spec.model.loading
@@ -37,6 +40,12 @@ def load(runtime: RuntimeSpec, strategy: ParallelStrategy, plan: Plan, source: s
     pipe = strategy.place(pipe, plan, world)
     # Before the canary's reference and enable_parallelism (options.py says why).
     options.apply_features(pipe, runtime)
+    if mag_calibration.wanted(runtime):
+        calibrated = time.perf_counter()
+        found = mag_calibration.calibrate(pipe, runtime, first)
+        timings["calibrateSeconds"] = time.perf_counter() - calibrated
+        if learned is not None:
+            learned["cacheCalibration"] = found
     if spec.generation.vae_tiling and not pipeline.enable_vae_tiling(pipe):
         log.warning("generation.vaeTiling: this pipeline's VAE cannot tile; decoding whole")
     verify = spec.parallelism.verify and world.layout.group_size > 1

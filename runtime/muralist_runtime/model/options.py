@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -167,28 +169,38 @@ def _check_timesteps(pipe: Any, scheduler: Any, name: str) -> None:
 # -- step cache ----------------------------------------------------------------------------------
 
 CACHE_FIELD = "spec.generation.cache"
-# diffusers' published MagCache ratios (calibrated on FLUX.1-dev); other models need a
-# calibration run (MagCacheConfig(calibrate=True)) that a job cannot do for them.
+# diffusers' published MagCache ratios (calibrated on FLUX.1-dev); any other model calibrates its
+# own (options.calibrate: model/mag_calibration.py) or is given them (options.ratios).
 MAG_RATIOS_FOR = {"FluxTransformer2DModel": "FLUX_MAG_RATIOS"}
 
 
-def cache_config(pipe: Any, cache: CacheSpec, steps: int) -> Any:
-    """The diffusers config object of a cache, from its camelCase options (muralist_api/rules/workloads.CACHES)."""
+def cache_config(pipe: Any, cache: CacheSpec, steps: int, ratios: list[float] | None = None) -> Any:
+    """The diffusers config object of a cache, from its camelCase options (muralist_api/rules/workloads.CACHES).
+
+    MagCache takes its magnitude ratios from `ratios` (just calibrated), else from options.ratios,
+    else calibrates (options.calibrate: a config that never skips, for mag_calibration.py), else
+    diffusers' published ones for the transformer; diffusers interpolates them to `steps`.
+    """
     import diffusers.hooks as hooks
 
     kind = CACHES[cache.type]
     kwargs: dict[str, Any] = {kind.options[k][0]: v for k, v in cache.options.items() if k in kind.options}
     transformer = type(pipe.transformer).__name__
     if cache.type == "MagCache":
-        ratios = MAG_RATIOS_FOR.get(transformer)
-        if ratios is None:
-            raise PermanentFailure(f"{CACHE_FIELD}.type",
-                                   f"MagCache needs calibrated ratios for this model ({transformer}); diffusers "
-                                   f"publishes them for {', '.join(MAG_RATIOS_FOR)} only: use TaylorSeer or "
-                                   "FirstBlockCache")
-        from diffusers.hooks import mag_cache
+        kwargs["num_inference_steps"] = steps
+        if ratios is not None:
+            kwargs.update(mag_ratios=ratios, calibrate=False)
+        elif not kwargs.get("calibrate") and "mag_ratios" not in kwargs:
+            published = MAG_RATIOS_FOR.get(transformer)
+            if published is None:
+                raise PermanentFailure(f"{CACHE_FIELD}.options",
+                                       f"MagCache needs magnitude ratios calibrated for this model ({transformer}); "
+                                       f"diffusers publishes them for {', '.join(MAG_RATIOS_FOR)} only: set "
+                                       "calibrate: true (the job calibrates on its first item and records the ratios "
+                                       "in job.json), or ratios: [...] from such a job")
+            from diffusers.hooks import mag_cache
 
-        kwargs.update(mag_ratios=getattr(mag_cache, ratios), num_inference_steps=steps)
+            kwargs["mag_ratios"] = getattr(mag_cache, published)
     if cache.type in ("FasterCache", "PyramidAttentionBroadcast"):
         kwargs["current_timestep_callback"] = lambda: pipe.current_timestep
     if cache.type == "FasterCache":
@@ -230,3 +242,16 @@ def enable_cache(pipe: Any, cache: CacheSpec, steps: int) -> str:
                                f"blocks), so it would change nothing; use another cache ({others})")
     return f"step cache {cache.type} on {type(transformer).__name__}" + (
         f" {dict(cache.options)}" if cache.options else "")
+
+
+@contextmanager
+def cache_paused(pipe: Any) -> Iterator[None]:
+    """The pipeline without its step cache for a while (the cache gate's reference renders), then
+    with the very config it had (calibrated ratios included), its hooks' state fresh."""
+    transformer = pipe.transformer
+    config = transformer._cache_config  # diffusers' CacheMixin keeps the enabled config here
+    transformer.disable_cache()
+    try:
+        yield
+    finally:
+        transformer.enable_cache(config)

@@ -54,6 +54,8 @@ class RenderedOutput:
     image: Any = None  # a PIL image (image pipelines)
     frames: Any = None  # a (frames, height, width, 3) uint8 array (video pipelines)
     inputs: dict[str, Any] = field(default_factory=dict)  # "image" / "mask" -> PIL, for the thumbnails
+    # More fields for the item's metadata (the cache gate's measurements); None removes one.
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_video(self) -> bool:
@@ -178,8 +180,14 @@ def metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float) -> dic
 
 def output_metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float,
                     output: RenderedOutput) -> dict[str, Any]:
-    """`metadata`, and for a video its kind, frame count, fps and encoding (media.video_info)."""
+    """`metadata` with the output's own fields, and for a video its kind, frame count, fps and encoding
+    (media.video_info)."""
     meta = metadata(runtime, item, rank, seconds)
+    for name, value in output.metadata.items():
+        if value is None:
+            meta.pop(name, None)
+        else:
+            meta[name] = value
     if output.is_video:
         fmt = runtime.spec.output.format
         meta.update(kind="video", frames=len(output.frames), fps=runtime.spec.generation.fps, **media.video_info(fmt))

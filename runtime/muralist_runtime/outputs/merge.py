@@ -23,7 +23,7 @@ from ..work.chunks import Tally, WorkPlan, merge_wait_bound
 from ..work.claims import ClaimClient
 from ..work.item_failures import NAMED, describe_item
 from ..world.distributed import Layout
-from . import layouts, shards, storage, temps
+from . import cache_verdict, layouts, shards, storage, temps
 from .gallery import write_gallery
 from .layouts import read_part
 from .writer import JobFile
@@ -57,8 +57,10 @@ def index_row(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str, Any]) -> dict[str, int]:
-    """manifest.jsonl + index.parquet + the gallery; returns the counts by status."""
+def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str, Any],
+          sampled: list[dict[str, Any]] | None = None) -> dict[str, int]:
+    """manifest.jsonl + index.parquet + the gallery; returns the counts by status. `sampled`
+    collects the rows the cache gate measured (cache_verdict.ROW_FIELD)."""
     counts: dict[str, int] = {}
     manifest = root / "manifest.jsonl"
     tmp = temps.opened(temps.temp_path(manifest))
@@ -68,6 +70,8 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
         with open(tmp, "w") as out:
             for entry in entries(root, chunks):
                 counts[entry.get("status", "")] = counts.get(entry.get("status", ""), 0) + 1
+                if sampled is not None and cache_verdict.ROW_FIELD in entry:
+                    sampled.append(entry)
                 out.write(json.dumps(entry, sort_keys=True) + "\n")
                 index.write(index_row(entry))
                 yield entry
@@ -87,7 +91,8 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
 
 
 def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: ClaimClient, layout: Layout,
-              pending: Callable[[int], object], slowest_item_seconds: float, timings: dict[str, float]) -> None:
+              pending: Callable[[int], object], slowest_item_seconds: float, timings: dict[str, float],
+              learned: dict[str, Any] | None = None) -> None:
     """The first pod's first rank: wait for every chunk, merge, and fail the job when its failed
     items say so. `pending`: this pod's ranks not done yet (it raises on a stalled one)."""
     start = time.perf_counter()
@@ -103,8 +108,13 @@ def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: Cl
     caption = {"model": spec.model.name, "strategy": spec.parallelism.strategy,
                "scheduler": spec.generation.scheduler.name if spec.generation.scheduler else None,
                "adapters": [{"name": a.name, "scale": a.scale} for a in spec.model.adapters]}
-    counts = merge(jobfile.root, work.chunks, runtime.name, spec.output.gallery_page_size, caption)
-    jobfile.write(layout.describe(), timings, {"items": counts})
+    sampled: list[dict[str, Any]] = []
+    counts = merge(jobfile.root, work.chunks, runtime.name, spec.output.gallery_page_size, caption, sampled)
+    summary: dict[str, Any] = {**(learned or {}), "items": counts}
+    if spec.generation.cache is not None and spec.generation.cache.verify is not None:
+        summary["cacheVerify"] = cache_verdict.summarise(sampled, spec.generation.cache.verify.thresholds(),
+                                                         cache_verdict.read_off(jobfile.root))
+    jobfile.write(layout.describe(), timings, summary)
     # Merged: no temp of the tree is needed any more (a killed writer's, a slow duplicate's).
     if removed := temps.remove_all_in(layouts.tree(jobfile.root)):
         log.info("removed %d temp files left by killed or duplicate writers", len(removed))

@@ -25,6 +25,7 @@ from ..run_state import Job, NotSetUp, RunState
 from ..testing import faults
 from ..work import chunks, item_failures, rows
 from ..work.item_failures import NAMED, describe_item
+from .cache_gate import CacheGate
 
 log = logging.getLogger("muralist")
 
@@ -97,8 +98,16 @@ def generate(job: Job, pipe: Any, state: RunState) -> None:
     if layout.writes_images:
         state.background = writer.BackgroundWriter(state.layout.write)
     rendered = 0
-    for chunk, sweeping in chunk_stream(job, state):
-        rendered += run_chunk(job, pipe, state, chunk, sweeping)
+    gate = CacheGate.for_job(job.runtime, job.work.start, job.work.total_items)
+    try:
+        for chunk, sweeping in chunk_stream(job, state):
+            if gate is not None:
+                gate.follow(pipe, state.world, state.writes)
+            rendered += run_chunk(job, pipe, state, chunk, sweeping, gate)
+    finally:
+        sample = gate.sample() if gate is not None else None
+        if sample is not None:
+            state.progress.cache_measured(sample)
     if state.background is not None:
         state.background.close()  # raises a write error
     state.timings["generateSeconds"] = time.perf_counter() - start
@@ -130,7 +139,7 @@ def _todo(job: Job, state: RunState, chunk: int, sweeping: bool) -> tuple[list[I
     return state.world.share_in_group(todo), run
 
 
-def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool) -> int:
+def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool, gate: CacheGate | None = None) -> int:
     finished = state.world.share_in_group(
         _finished(job, chunk) and _failed_in(job, chunk) == 0 if state.writes else None)
     if finished:  # done whole by an earlier attempt: count it, render nothing
@@ -144,7 +153,7 @@ def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool) 
         if sweeping:  # a duplicate may have finished some meanwhile
             batch = state.world.share_in_group([i for i in batch if not state.layout.item_done(i)]
                                                if run is not None else None)
-        for item, image, reason, seconds in render_items(job, pipe, state, batch):
+        for item, image, reason, seconds in render_items(job, pipe, state, batch, gate):
             if run is None:
                 continue
             if reason is not None:
@@ -169,8 +178,10 @@ def _batches(items: list[Item], size: int) -> list[list[Item]]:
 Rendered = tuple[Item, RenderedOutput | None, str | None, float]
 
 
-def render_items(job: Job, pipe: Any, state: RunState, batch: list[Item]) -> list[Rendered]:
-    """(item, image, None, seconds) per rendered item, (item, None, reason, 0) per failed one."""
+def render_items(job: Job, pipe: Any, state: RunState, batch: list[Item],
+                 gate: CacheGate | None = None) -> list[Rendered]:
+    """(item, image, None, seconds) per rendered item, (item, None, reason, 0) per failed one; the
+    cache gate's sampled items measured (their seconds include the render without the cache)."""
     if not batch:
         return []
     failed: list[Rendered] = [(i, None, i.error, 0.0) for i in batch if i.error]
@@ -185,11 +196,13 @@ def render_items(job: Job, pipe: Any, state: RunState, batch: list[Item]) -> lis
     t0 = time.perf_counter()
     try:
         results = pipeline.render_checked(pipe, job.runtime, batch, on_step=on_step) if batch else []
+        if gate is not None and batch:
+            results = gate.check(pipe, batch, results, on_step, state.writes)
     except Exception as e:
         if state.world.layout.group_size > 1 or not _item_error(e):
             raise  # a group's collective or a broken process: the pod fails and is retried
         if len(batch) > 1:  # find the item that fails, render the others
-            return failed + [r for one in batch for r in render_items(job, pipe, state, [one])]
+            return failed + [r for one in batch for r in render_items(job, pipe, state, [one], gate)]
         _release_memory()
         return [*failed, (batch[0], None, f"{type(e).__name__}: {e}".splitlines()[0][:500], 0.0)]
     seconds = (time.perf_counter() - t0) / max(1, len(batch))

@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from muralist_api.contract import PROGRESS_LINE_PREFIX, Counts
+from muralist_api.contract import PROGRESS_LINE_PREFIX, CacheSample, Counts
 from muralist_api.contract.env import PodEnv
 
 from ..world.distributed import Layout
@@ -73,6 +73,12 @@ class RankProgress:
             sys.stdout.flush()
         if self.rank_file is not None:
             self.rank_file.update(self.state)
+
+    def cache_measured(self, sample: CacheSample) -> None:
+        """generation.cache.verify's items this rank measured so far (the termination message sums the pod's)."""
+        self.state.cache_sample = sample
+        if self.rank_file is not None:
+            self.rank_file.update(self.state, force=True)
 
     def step_done(self) -> None:
         """Called by the pipeline's step callback on every rank (writers or not)."""

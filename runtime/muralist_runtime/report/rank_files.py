@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from muralist_api.contract import Counts
+from muralist_api.contract import CacheSample, Counts
 from muralist_api.contract.env import PodEnv
 
 from ..outputs import temps
@@ -44,17 +44,21 @@ class RankState:
     last_step_time: str | None = None
     last_image_time: str | None = None
     done: bool = False
+    cache_sample: CacheSample | None = None  # generation.cache.verify's items this rank measured
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self.counts), "jobTotal": self.job_total, "lastStepTime": self.last_step_time,
-                           "lastImageTime": self.last_image_time, "done": self.done})
+        doc = {**asdict(self.counts), "jobTotal": self.job_total, "lastStepTime": self.last_step_time,
+               "lastImageTime": self.last_image_time, "done": self.done}
+        if self.cache_sample is not None:
+            doc["cacheVerify"] = self.cache_sample.to_wire()
+        return json.dumps(doc)
 
     @classmethod
     def parse(cls, text: str) -> RankState:
         doc = json.loads(text)
         return cls(Counts(*(int(doc.get(k, 0)) for k in ("completed", "skipped", "failed", "total"))),
                    int(doc.get("jobTotal", 0)), doc.get("lastStepTime"), doc.get("lastImageTime"),
-                   bool(doc.get("done")))
+                   bool(doc.get("done")), CacheSample.from_wire(doc.get("cacheVerify")))
 
 
 def progress_dir(env: dict[str, str] | None = None) -> Path:
@@ -118,6 +122,7 @@ class PodState:
     last_step_time: str | None = None
     last_image_time: str | None = None
     done: bool = True
+    cache_sample: CacheSample | None = None
 
 
 def read_pod(directories: list[Path]) -> PodState:
@@ -137,6 +142,8 @@ def read_pod(directories: list[Path]) -> PodState:
             pod.last_step_time = max(filter(None, (pod.last_step_time, one.last_step_time)), default=None)
             pod.last_image_time = max(filter(None, (pod.last_image_time, one.last_image_time)), default=None)
             pod.done = pod.done and one.done
+            if one.cache_sample is not None:
+                pod.cache_sample = one.cache_sample.combine(pod.cache_sample)
     pod.done = pod.done and pod.ranks > 0
     return pod
 

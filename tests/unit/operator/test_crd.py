@@ -50,6 +50,14 @@ def test_schema_is_structural() -> None:
         assert "$ref" not in node and "anyOf" not in node, path
 
 
+def test_exclusive_bounds_are_openapi_v3_booleans() -> None:
+    # The API server refuses a CRD whose exclusiveMinimum is a number (JSON Schema's form).
+    bounded = [(path, node) for path, node in _nodes(_schema()) if "exclusiveMinimum" in node]
+    assert bounded, "generation.cache.verify.minPsnr is > 0"
+    for path, node in bounded:
+        assert node["exclusiveMinimum"] is True and isinstance(node["minimum"], int | float), path
+
+
 def test_cel_rules_sit_on_existing_schema_nodes() -> None:
     paths = {path for path, _ in _nodes(_schema())}
     for path in CEL_RULES:

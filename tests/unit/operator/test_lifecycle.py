@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE
@@ -261,3 +262,33 @@ def test_a_finished_job_in_object_storage_says_its_uri() -> None:
     d = decide(job, status(phase=Phase.RUNNING), 1, Observed(job=job_view(complete=True)), NOW)
     assert d.status.phase == Phase.SUCCEEDED and d.status.message.endswith("images in s3://renders/runs/cats")
     assert d.status.output_path == "cats", "the folder inside the uri, as inside a volume"
+
+
+def test_cache_verify_reaches_status_from_the_pods_termination_messages() -> None:
+    # Each pod reports its own share of generation.cache.verify's sample (its ranks summed):
+    # the status sums the counts, keeps the lowest figures, and says whether the cache went off.
+    from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, CacheSample, Counts
+    from muralist_api.contract import Termination as Report
+    from muralist_operator.observe import pod_view
+
+    def finished(index: int, sample: CacheSample | None) -> Any:
+        report = Report(Counts(completed=2, total=4), cache_sample=sample)
+        meta = {"name": f"cats-{index}-0", "annotations": {COMPLETION_INDEX_ANNOTATION: str(index)}}
+        return pod_view({"metadata": meta, "status": {"phase": "Succeeded", "containerStatuses": [
+                             {"state": {"terminated": {"exitCode": 0, "message": report.to_json()}}}]}})
+
+    job = make_job().generation(cache={"type": "FirstBlockCache", "verify": {"sample": 3, "minPsnr": 20}}).world(
+        nodes=2).job()
+    pods = [finished(0, CacheSample(2, 31.5, 0.97)), finished(1, CacheSample(1, None, 1.0, cache_off=True))]
+    d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=pods), NOW)
+    verify = d.status.cache_verify
+    assert verify is not None
+    assert (verify.sampled, verify.min_psnr, verify.min_ssim, verify.cache_off) == (3, 31.5, 0.97, True)
+    wire = d.status.model_dump(by_alias=True, exclude_none=True)["cacheVerify"]
+    assert wire == {"sampled": 3, "minPsnr": 31.5, "minSsim": 0.97, "cacheOff": True}
+    # A pod gone (deleted with its retry) does not shrink what was written.
+    later = decide(job, d.status, 1, Observed(job=job_view(), pods=pods[1:]), NOW)
+    assert later.status.cache_verify is not None and later.status.cache_verify.sampled == 3
+    plain = decide(make_job().job(), status(phase="Running"), 1, Observed(job=job_view(), pods=[finished(0, None)]),
+                   NOW)
+    assert plain.status.cache_verify is None

@@ -115,4 +115,28 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
     ),
     ("bad-strategy", make_job().strategy("PipelineParallel").obj(), "spec.parallelism.strategy", True),
     ("negative-restarts", make_job().run_policy(maxRestarts=-1).obj(), "spec.runPolicy.maxRestarts", True),
+    (
+        "cache-verify-sample-zero",
+        make_job().generation(cache={"type": "FirstBlockCache", "verify": {"sample": 0}}).obj(),
+        "spec.generation.cache.verify.sample",
+        False,
+    ),
+    (
+        "cache-verify-sample-not-a-percentage",
+        make_job().generation(cache={"type": "FirstBlockCache", "verify": {"sample": "half"}}).obj(),
+        "spec.generation.cache.verify.sample",
+        False,
+    ),
+    (
+        "cache-verify-ssim-above-one",
+        make_job().generation(cache={"type": "FirstBlockCache", "verify": {"minSsim": 1.5}}).obj(),
+        "spec.generation.cache.verify.minSsim",
+        True,
+    ),
+    (
+        "cache-verify-disable-without-threshold",
+        make_job().generation(cache={"type": "FirstBlockCache", "verify": {"onFail": "DisableCache"}}).obj(),
+        "spec.generation.cache.verify",
+        True,
+    ),
 ]

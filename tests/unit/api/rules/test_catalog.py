@@ -203,9 +203,14 @@ def test_video_and_input_pipelines_exist_and_take_what_the_table_says() -> None:
          "spec.model.fuseAdapters", "fuseAdapters: true"),
         (lambda b: b.set("spec.dataset", {"volume": {"emptyDir": {}}, "path": "rows.jsonl"}), "spec.dataset",
          "remove prompts"),
+        (lambda b: b.generation(cache={"type": "MagCache", "options": {"ratios": [1.0, "x"]}}),
+         "spec.generation.cache.options.ratios", "positive numbers"),
+        (lambda b: b.generation(cache={"type": "MagCache", "options": {"ratios": [1.0], "calibrate": True}}),
+         "spec.generation.cache.options.calibrate", "remove one"),
     ],
     ids=["wan-frames", "wan-size", "wan-png", "image-mp4", "text-pipeline-image", "inputs-volume",
-         "scheduler", "cache-option", "cache-cp", "tp-lora", "dataset-and-prompts"],
+         "scheduler", "cache-option", "cache-cp", "tp-lora", "dataset-and-prompts", "magcache-ratios",
+         "magcache-calibrate-and-ratios"],
 )
 def test_workload_rules_name_the_field_and_the_fix(builder, field: str, words: str) -> None:
     with pytest.raises(ValidationProblem) as err:
@@ -217,6 +222,14 @@ def test_workloads_that_fit_are_admitted() -> None:
     wan = make_job().set("spec.model.name", "muralist/tiny-wan").output(format="mp4").generation(
         numFrames=9, height=32, width=32, cache={"type": "TaylorSeer", "options": {"cacheInterval": 3}})
     assert wan.context_parallel(ulysses=2).world(gpus=0, processes=2).job()
+    calibrated = make_job().set("spec.model.name", "muralist/tiny-wan").output(format="mp4").generation(
+        numFrames=9, height=32, width=32, cache={"type": "MagCache", "options": {"calibrate": True}})
+    assert calibrated.job(), "MagCache is not Flux-only: it calibrates on any transformer"
+    assert make_job().generation(cache={"type": "MagCache", "options": {"ratios": [1.0, 0.98, 0.95]}}).job()
+    gated = make_job().generation(cache={"type": "FirstBlockCache", "verify": {
+        "sample": "5%", "minPsnr": 30, "minSsim": 0.9, "onFail": "DisableCache"}}).job()
+    verify = gated.spec.generation.cache.verify
+    assert verify is not None and verify.on_fail == "DisableCache"
     edit = make_job().set("spec.model.pipeline", "FluxInpaintPipeline").set("spec.inputs", {"volume": {
         "hostPath": {"path": "/photos"}}}).prompts({"text": "a red mug", "image": "mug.png", "mask": "mask.png",
                                                      "strength": 0.8})
