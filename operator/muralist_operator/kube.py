@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -35,10 +36,13 @@ def _unread(fn: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def load_config() -> None:
+    # Typed here: the client's loaders are untyped in some releases (37) and typed in others (36).
+    in_cluster: Callable[[], None] = config.load_incluster_config
+    from_kubeconfig: Callable[[], None] = config.load_kube_config
     try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]  # the client's config is untyped
+        in_cluster()
     except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
+        from_kubeconfig()
 
 
 @dataclass
