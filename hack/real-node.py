@@ -435,7 +435,11 @@ state = "{w}/containerd/state"
             "authorization": {"mode": "AlwaysAllow"},
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            # Absolute floors, not percentages: on a shared 252 GB disk 1 % is 2.5 GB, which a
+            # runtime image's import (docker's copy, the store's, the unpacked snapshots) crossed
+            # for a moment, and the kubelet reclaimed by deleting every unused image, the
+            # sandbox's pause image too (containerd 1.6 cannot pin it): no pod started after that.
+            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "100Mi", "imagefs.available": "100Mi"},
             "serializeImagePulls": False,
             "registerNode": True,
             "syncFrequency": "5s",
