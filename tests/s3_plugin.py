@@ -14,6 +14,7 @@ as a Secret's keys are in a pod's.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import uuid
@@ -66,6 +67,8 @@ def serve(ip_address: str) -> Iterator[S3Server]:
     their bridge's gateway (tests/e2e)."""
     from moto.server import ThreadedMotoServer
 
+    # werkzeug logs every request at INFO: a failed test's report would be thousands of lines of it.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     port = _free_port(ip_address)
     server = ThreadedMotoServer(ip_address=ip_address, port=port, verbose=False)
     server.start()
