@@ -3,7 +3,8 @@
 moto (`moto.server.ThreadedMotoServer`) is pure Python and comes with the dev extra: no Go build
 and no binary to cache, unlike MinIO, and it speaks the S3 REST API over HTTP the way a bucket
 does (ranged GETs, PUTs, listings), so s3fs, botocore and pyarrow go through their real code.
-It starts once per session, on a port picked then, only when a test asks for `s3_server`.
+It starts once per session, on a port picked then, only when a test asks for `s3_server`
+(loopback) or, in tests/e2e, `pod_s3_server` (the real node's bridge gateway, where its pods reach it).
 
 Processes a test spawns (torchrun's workers) reach it through the environment that `S3Server.env`
 gives them: the endpoint is in the manifest (spec.*.endpoint), the credentials in AWS_* variables,
@@ -12,6 +13,8 @@ as a Secret's keys are in a pod's.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 import uuid
@@ -51,24 +54,28 @@ class S3Server:
         return name
 
 
-def _free_port() -> int:
+def _free_port(ip_address: str) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((ip_address, 0))
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """moto's S3 on 127.0.0.1, with this process's AWS_* variables pointing at it."""
+@contextlib.contextmanager
+def serve(ip_address: str) -> Iterator[S3Server]:
+    """moto's S3 on `ip_address` (a free port), with this process's AWS_* variables pointing at it
+    while it runs. Loopback for processes of this machine; the pods of the real node reach it at
+    their bridge's gateway (tests/e2e)."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    # werkzeug logs every request at INFO: a failed test's report would be thousands of lines of it.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    port = _free_port(ip_address)
+    server = ThreadedMotoServer(ip_address=ip_address, port=port, verbose=False)
     server.start()
     saved = {k: os.environ.get(k) for k in CREDENTIALS}
     os.environ.update(CREDENTIALS)
     try:
-        yield S3Server(f"http://127.0.0.1:{port}", server)
+        yield S3Server(f"http://{ip_address}:{port}", server)
     finally:
         server.stop()
         for key, value in saved.items():
@@ -76,3 +83,10 @@ def s3_server() -> Iterator[S3Server]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 on 127.0.0.1."""
+    with serve("127.0.0.1") as server:
+        yield server

@@ -32,6 +32,7 @@ from tests.cluster_plugin import load_controlplane
 from tests.docker_plugin import Docker, timed
 from tests.kube_helpers import wait_for
 from tests.operator_helpers import DJ, OperatorProcess, apply_crd
+from tests.s3_plugin import S3Server, serve
 
 REPO = Path(__file__).resolve().parents[2]
 DEV_CLUSTER = REPO / "hack" / "dev-cluster.sh"
@@ -72,6 +73,10 @@ class RealCluster:
         sock = self.state_dir / "node" / "containerd.sock"
         argv = ["ctr", "--address", str(sock), "-n", "k8s.io", *args]
         return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=120)
+
+    def empty_dir(self, pod_uid: str, volume: str) -> Path:
+        """Where kubelet keeps a pod's emptyDir volume on this host."""
+        return self.state_dir / "node" / "kubelet" / "pods" / pod_uid / "volumes" / "kubernetes.io~empty-dir" / volume
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
@@ -186,6 +191,15 @@ def real_operator(
         yield op
     finally:
         op.stop()
+
+
+@pytest.fixture(scope="session")
+def pod_s3_server(real_cluster: RealCluster) -> Iterator[S3Server]:
+    """The test S3 server (moto) where the pods reach it: on the bridge's gateway, as the operator's
+    progress endpoint. This process reads and writes it there too, with the credentials a
+    Secret gives the pods."""
+    with serve(load_controlplane().POD_GATEWAY) as server:
+        yield server
 
 
 @pytest.fixture
