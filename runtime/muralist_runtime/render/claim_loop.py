@@ -195,7 +195,8 @@ def render_items(job: Job, pipe: Any, state: RunState, batch: list[Item],
 
     t0 = time.perf_counter()
     try:
-        results = pipeline.render_checked(pipe, job.runtime, batch, on_step=on_step) if batch else []
+        with faults.repeated_steps(pipe, faults.step_repeat(state.world.layout.rank)):
+            results = pipeline.render_checked(pipe, job.runtime, batch, on_step=on_step) if batch else []
         if gate is not None and batch:
             results = gate.check(pipe, batch, results, on_step, state.writes)
     except Exception as e:
