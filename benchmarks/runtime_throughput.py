@@ -293,7 +293,7 @@ def main() -> int:
         source = "working tree"
         if args.git_rev:
             source = f"git {export_revision(args.git_rev, work)}"
-        print(f"{args.prompts} images of {args.size}x{args.size}, {STEPS} steps, 2 processes x 1 thread; "
+        print(f"{model.name}: {args.prompts} images of {args.size}x{args.size}, {STEPS} steps, 2 processes x 1 thread; "
               f"runtime from the {source}; load average {loads[0]}", flush=True)
         for rnd in range(args.rounds):
             for v in variants:
@@ -314,7 +314,7 @@ def main() -> int:
                       f"load {load_average()}", flush=True)
             loads.append(load_average())
         identical = same_images(work / "r0-reference", work / "r0-bs1")
-        report(variants, loads, identical, args)
+        report(variants, loads, identical, args, model)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -336,10 +336,10 @@ def same_images(reference: Path, muralist: Path) -> str:
     return "identical" if max(diffs) == 0 else f"max pixel difference {max(diffs)}"
 
 
-def report(variants: list[Variant], loads: list[str], identical: str, args: argparse.Namespace) -> None:
+def report(variants: list[Variant], loads: list[str], identical: str, args: argparse.Namespace, model: Path) -> None:
     ref = variants[0]
     ref_gen, ref_e2e = ref.median("generation_s"), ref.median("end_to_end_s")
-    print(f"\n{args.prompts} images of {args.size}x{args.size}, {STEPS} steps, 2 processes x 1 thread; "
+    print(f"\n{model.name}: {args.prompts} images of {args.size}x{args.size}, {STEPS} steps, 2 processes x 1 thread; "
           f"median of {len(ref.results)} round(s); load average before/after each round: {' | '.join(loads)}")
     print(f"reference vs muralist bs=1 images: {identical}\n")
     print("| variant | generation img/s | ratio vs reference | end-to-end img/s | ratio vs reference "
