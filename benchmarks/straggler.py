@@ -15,10 +15,12 @@ two layouts:
 
 each with the dynamic plan (the default: chunks claimed from the shared counter) and with
 MURALIST_TEST_STATIC_PLAN=1 (a fixed contiguous share per rank), all four interleaved in every
-round. Rank `--slow-rank` (1) runs its transformer `--repeat` times per denoising step
-(MURALIST_TEST_STEP_REPEAT): its steps cost that many times the compute, as on a slower device,
-and it keeps its core busy, as a slower device would (a sleep would hand its core to the other
-rank on this shared 2-core machine and speed that one up).
+round. Rank `--slow-rank` (1) renders each of its batches `--repeat` times
+(MURALIST_TEST_RENDER_REPEAT, the first result kept): its items cost that many times the compute
+(text encoding, every step, the VAE), as on a slower device, and it keeps its core busy, as a
+slower device would (a sleep would hand its core to the other rank on this shared 2-core machine
+and speed that one up). Repeating only the transformer's forward was tried first: on this tiny
+model the transformer is a small part of a step, so it slowed a rank by ~10 %.
 
 The ideal comes from outside the run it judges: before the rounds, a calibration runs each kind
 of rank ALONE (a 1-process job of `--calibration-items` prompts, same model, size and steps; once
@@ -177,7 +179,7 @@ def manifest_for(name: str, texts: list[str], steps: int, nodes: int, processes:
 
 
 def slow_knob(repeat: int, rank: int) -> dict[str, str]:
-    return {"MURALIST_TEST_STEP_REPEAT": str(repeat), "MURALIST_TEST_SLOW_RANK": str(rank)}
+    return {"MURALIST_TEST_RENDER_REPEAT": str(repeat), "MURALIST_TEST_SLOW_RANK": str(rank)}
 
 
 def calibrate(work: Path, label: str, steps: int, items: int, repeat: int, together: bool = False) -> Alone:
@@ -228,7 +230,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--slow-rank", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=2, help="the slow rank's transformer runs per step")
+    parser.add_argument("--repeat", type=int, default=2, help="how many times the slow rank renders each batch")
     parser.add_argument("--calibration-items", type=int, default=16)
     parser.add_argument("--layouts", nargs="+", default=["1x2", "2x1"], choices=["1x2", "2x1"],
                         help="pods x processes per pod")
@@ -293,8 +295,8 @@ def report(variants: list[Variant], args: argparse.Namespace, alone: Alone, afte
     ideal = alone.ideal_s(args.items)
     drift = (f"; alone again after the rounds: {after.fast_s:.3f} / {after.slow_s:.3f} s/image (q = {after.q:.2f}), "
              f"ideal {after.ideal_s(args.items):.2f} s" if after else "")
-    print(f"\n{args.items} images, 32x32, {args.steps} steps, muralist/tiny-flux; rank {args.slow_rank} runs its "
-          f"transformer {args.repeat}x per step; alone: {alone.fast_s:.3f} s/image fast, {alone.slow_s:.3f} slow "
+    print(f"\n{args.items} images, 32x32, {args.steps} steps, muralist/tiny-flux; rank {args.slow_rank} renders its "
+          f"batches {args.repeat}x; alone: {alone.fast_s:.3f} s/image fast, {alone.slow_s:.3f} slow "
           f"(q = {alone.q:.2f}), ideal {ideal:.2f} s{drift}; median of {args.rounds} round(s); load average before, "
           f"after the calibration, after each round: {' | '.join(loads)}")
     print(f"layout independence: {identical}\n")

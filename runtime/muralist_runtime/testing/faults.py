@@ -11,10 +11,11 @@ With either set, each image is written before the next is rendered, so N is exac
   so the per-item failure path runs for real.
 - MURALIST_TEST_STEP_SLEEP=s with MURALIST_TEST_SLOW_RANK=r: rank r sleeps s seconds after every
   denoising step (a GPU half as fast) while its device sits idle: for tests that need a slow rank.
-- MURALIST_TEST_STEP_REPEAT=k with MURALIST_TEST_SLOW_RANK=r: rank r runs its transformer k
-  times per denoising step (the first result kept), so its steps cost k times the compute, as
-  on a device 1/k as fast, and load the machine as such a device would (a sleep leaves its core
-  to the other ranks); the straggler benchmark's slow rank.
+- MURALIST_TEST_RENDER_REPEAT=k with MURALIST_TEST_SLOW_RANK=r: rank r renders each batch k times
+  (the first result kept, the others discarded), so its items cost k times the compute, as on a
+  device 1/k as fast, and it loads the machine as such a device would (a sleep leaves its core to
+  the other ranks): the straggler benchmark's slow rank. DataParallel only: in a group of several
+  ranks the others would not join the extra renders' collectives.
 - MURALIST_TEST_STATIC_PLAN=1: fixed contiguous shares instead of claimed chunks (the
   benchmark's comparison).
 MURALIST_TEST_BREAK_CP is read by canary.py.
@@ -25,10 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract.env import PodEnv
@@ -73,32 +71,10 @@ def step_sleep(rank: int) -> float:
     return faults.step_sleep if rank == faults.slow_rank else 0.0
 
 
-def step_repeat(rank: int) -> int:
-    """How many times the slow rank runs its transformer per step (1 for every other rank)."""
+def render_repeat(rank: int) -> int:
+    """How many times the slow rank renders each batch (1 for every other rank)."""
     faults = PodEnv.from_environ().faults
-    return max(1, faults.step_repeat) if rank == faults.slow_rank else 1
-
-
-@contextmanager
-def repeated_steps(pipe: Any, times: int) -> Iterator[None]:
-    """Within the block, each call of the pipeline's denoiser (transformer or unet) runs `times`
-    times; the extra runs go through the class's own forward, past any hook that diffusers put on
-    the instance (a step cache's state sees each step once)."""
-    model = getattr(pipe, "transformer", None) or getattr(pipe, "unet", None)
-    if times <= 1 or model is None:
-        yield
-        return
-
-    def again(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-        for _ in range(times - 1):
-            type(module).forward(module, *args, **kwargs)
-        return output
-
-    handle = model.register_forward_hook(again, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return max(1, faults.render_repeat) if rank == faults.slow_rank else 1
 
 
 def static_plan() -> bool:
