@@ -142,7 +142,13 @@ class Watcher(threading.Thread):
 
         fn = self.list_fn(self.api)
         while not self.stopped.is_set():
-            listing = json.loads(fn(_preload_content=False).data)
+            try:
+                listing = json.loads(fn(_preload_content=False).data)
+            except (client.ApiException, urllib3.exceptions.HTTPError) as e:
+                # A busy API server can time a list out (504, seen at N=200): list again, a second later.
+                print(f"  watch list failed ({getattr(e, 'status', type(e).__name__)}), listing again", flush=True)
+                self.stopped.wait(1.0)
+                continue
             rv = listing["metadata"]["resourceVersion"]
             now = time.monotonic()
             for obj in listing["items"]:  # what changed while no watch was open
