@@ -22,9 +22,11 @@ slower device would (a sleep would hand its core to the other rank on this share
 and speed that one up). Repeating only the transformer's forward was tried first: on this tiny
 model the transformer is a small part of a step, so it slowed a rank by ~10 %.
 
-The ideal comes from outside the run it judges: before the rounds, a calibration runs each kind
-of rank ALONE (a 1-process job of `--calibration-items` prompts, same model, size and steps; once
-as it is, once with the slow rank's knob) and gives its seconds per image, t_fast and t_slow. Then
+The ideal comes from outside the runs it judges: at the start of every round, a calibration runs
+each kind of rank ALONE (a 1-process job of `--calibration-items` prompts, same model, size and
+steps; once as it is, once with the slow rank's knob) and gives its seconds per image, t_fast and
+t_slow (calibrating in every round, not once, follows the load of a shared machine: a single
+calibration before two rounds was seen 40-80 % off by the end). Then, for each run of the round,
 
 - ideal s = items / (1 / t_fast + 1 / t_slow): the job time if the work were split exactly by
   speed and each rank ran as fast as it did alone;
@@ -40,15 +42,13 @@ calibration alone); ranks that run slower together than alone (contention, a lau
 pods, time lost between chunks) push every plan above 1. Only a plan that keeps both ranks busy
 to the end, at their own speeds, stays near 1. For the dynamic plan the expected figure is whole
 chunks claimed greedily at the calibrated speeds (chunks are whole: a few large ones cannot
-split 2:1 exactly). In full mode the calibration runs again after the rounds: if the alone
-speeds moved, the machine's load moved, and the ratios carry that error.
+split 2:1 exactly). Ratios, ideals and expected ratios are medians of the rounds.
 
 Also checked: every item exactly once, and the PNGs byte-identical across all runs (plan and
 layout independence: seeds are a function of the item).
 
 --quick: 8 items of 4 steps, 1 round, the 1 pod x 2 processes layout, the two calibration jobs
-at once, no second calibration (about half a minute; the test suite runs it to check that the
-table prints).
+at once (about half a minute; the test suite runs it to check that the table prints).
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ from dataset_job import JobRun, job_manifest, load_average, run_job, warm_up
 RENDERED = re.compile(r"^rendered (\d+) items in ([\d.]+)s")
 WORDS = ("red fox", "lighthouse", "castle", "owl", "robot", "boat", "city", "garden",
          "mountain", "river", "tower", "bridge", "forest", "train", "horse", "flower")
-QUICK = {"items": 8, "steps": 4, "rounds": 1, "calibration_items": 4, "layouts": ["1x2"], "recalibrate": False,
-         "warm_up": False, "calibrate_together": True}
+QUICK = {"items": 8, "steps": 4, "rounds": 1, "calibration_items": 4, "layouts": ["1x2"], "warm_up": False,
+         "calibrate_together": True}
 
 
 def prompts(n: int) -> list[str]:
@@ -234,8 +234,6 @@ def main() -> int:
     parser.add_argument("--calibration-items", type=int, default=16)
     parser.add_argument("--layouts", nargs="+", default=["1x2", "2x1"], choices=["1x2", "2x1"],
                         help="pods x processes per pod")
-    parser.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
-                        help="skip the second calibration after the rounds")
     parser.add_argument("--calibrate-together", action="store_true",
                         help="run the two calibration jobs at once (each on a core), not one after the other")
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false",
@@ -252,8 +250,6 @@ def main() -> int:
         print(f"load average {loads[0]}", flush=True)
         if args.warm_up:  # builds muralist/tiny-flux if needed; page cache warm before anything is timed
             warm_up(work)
-        alone = calibrate(work, "before", args.steps, args.calibration_items, args.repeat, args.calibrate_together)
-        loads.append(load_average())
         texts = prompts(args.items)
         variants = []
         for layout in args.layouts:
@@ -262,7 +258,12 @@ def main() -> int:
             variants += [Variant(f"{label}, dynamic", nodes, processes, False),
                          Variant(f"{label}, static", nodes, processes, True)]
         knob = slow_knob(args.repeat, args.slow_rank)
+        alones = []
         for rnd in range(args.rounds):
+            alone = calibrate(work, f"round {rnd + 1}", args.steps, args.calibration_items, args.repeat,
+                              args.calibrate_together)
+            alones.append(alone)
+            ideal = alone.ideal_s(args.items)
             for v in variants:
                 name = f"r{rnd}-{v.nodes}x{v.processes}-{'static' if v.static else 'dynamic'}"
                 env = {**knob, **({"MURALIST_TEST_STATIC_PLAN": "1"} if v.static else {})}
@@ -273,14 +274,12 @@ def main() -> int:
                 v.outputs.append(run.output)
                 speeds = ", ".join(f"rank {r}: {m.images[r]} img in {m.generate[r]:.2f} s "
                                    f"({m.images[r] / m.generate[r]:.2f} img/s)" for r in sorted(m.images))
-                print(f"round {rnd + 1} {v.name:34s} span {m.span_s:6.2f} s, ideal {alone.ideal_s(args.items):6.2f} s, "
-                      f"ratio {m.span_s / alone.ideal_s(args.items):.2f}; wall {m.wall_s:.1f} s; {speeds}; "
+                print(f"round {rnd + 1} {v.name:34s} span {m.span_s:6.2f} s, ideal {ideal:6.2f} s, "
+                      f"ratio {m.span_s / ideal:.2f}; wall {m.wall_s:.1f} s; {speeds}; "
                       f"chunks {v.chunks}; load {load_average()}", flush=True)
             loads.append(load_average())
-        after = (calibrate(work, "after", args.steps, args.calibration_items, args.repeat, args.calibrate_together)
-                 if args.recalibrate else None)
         identical = compare_images(variants)
-        ok = report(variants, args, alone, after, loads, identical)
+        ok = report(variants, args, alones, loads, identical)
         return 0 if ok else 1
     finally:
         if args.keep:
@@ -289,16 +288,16 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def report(variants: list[Variant], args: argparse.Namespace, alone: Alone, after: Alone | None, loads: list[str],
+def report(variants: list[Variant], args: argparse.Namespace, alones: list[Alone], loads: list[str],
            identical: str) -> bool:
+    """Each round's runs against that round's ideal (its own calibration); medians over the rounds."""
     med = statistics.median
-    ideal = alone.ideal_s(args.items)
-    drift = (f"; alone again after the rounds: {after.fast_s:.3f} / {after.slow_s:.3f} s/image (q = {after.q:.2f}), "
-             f"ideal {after.ideal_s(args.items):.2f} s" if after else "")
+    ideals = [a.ideal_s(args.items) for a in alones]
+    speeds = "; ".join(f"round {i + 1}: {a.fast_s:.3f} / {a.slow_s:.3f} s/image (q = {a.q:.2f}), ideal "
+                       f"{a.ideal_s(args.items):.2f} s" for i, a in enumerate(alones))
     print(f"\n{args.items} images, 32x32, {args.steps} steps, muralist/tiny-flux; rank {args.slow_rank} renders its "
-          f"batches {args.repeat}x; alone: {alone.fast_s:.3f} s/image fast, {alone.slow_s:.3f} slow "
-          f"(q = {alone.q:.2f}), ideal {ideal:.2f} s{drift}; median of {args.rounds} round(s); load average before, "
-          f"after the calibration, after each round: {' | '.join(loads)}")
+          f"batches {args.repeat}x; alone (fast / slow), calibrated before each round: {speeds}; median of "
+          f"{args.rounds} round(s); load average at the start and after each round: {' | '.join(loads)}")
     print(f"layout independence: {identical}\n")
     print("| layout, plan | job s (generation span) | ideal s (alone speeds) | ratio (per round) | "
           "expected ratio (alone speeds) | images per rank (fast / slow) | img/s per rank in the run (fast / slow) | "
@@ -311,13 +310,13 @@ def report(variants: list[Variant], args: argparse.Namespace, alone: Alone, afte
         return m.images[rank] / m.generate[rank] if rank in m.images else 0.0
 
     for v in variants:
-        ratios = [m.span_s / ideal for m in v.runs]
-        expected = (1 + alone.q) / 2 if v.static else alone.chunk_bound_s(v.chunks) / ideal
+        ratios = [m.span_s / ideal for m, ideal in zip(v.runs, ideals, strict=True)]
+        expected = [(1 + a.q) / 2 if v.static else a.chunk_bound_s(v.chunks) / a.ideal_s(args.items) for a in alones]
         split = ", ".join(f"{m.images.get(fast, 0)} / {m.images.get(slow, 0)}" for m in v.runs)
         speed = f"{med(rate(m, fast) for m in v.runs):.2f} / {med(rate(m, slow) for m in v.runs):.2f}"
-        print(f"| {v.name} | {med(m.span_s for m in v.runs):.2f} | {ideal:.2f} | "
-              f"{med(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)}) | {expected:.2f} | {split} | {speed} | "
-              f"{med(m.wall_s for m in v.runs):.1f} |")
+        per_round = ", ".join(f"{r:.2f}" for r in ratios)
+        print(f"| {v.name} | {med(m.span_s for m in v.runs):.2f} | {med(ideals):.2f} | {med(ratios):.2f} ({per_round}) "
+              f"| {med(expected):.2f} | {split} | {speed} | {med(m.wall_s for m in v.runs):.1f} |")
     return "NOT" not in identical
 
 
