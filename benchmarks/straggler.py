@@ -189,7 +189,7 @@ def calibrate(work: Path, label: str, steps: int, items: int, repeat: int, toget
     kinds = (("fast", {}), ("slow", slow_knob(repeat, 0)))
 
     def per_image(kind: str, env: dict[str, str]) -> float:
-        name = f"alone-{label}-{kind}"
+        name = f"alone-{label.replace(' ', '-')}-{kind}"  # a DNS label
         m = measure(run_job(manifest_for(name, prompts(items), steps, 1, 1), work, name, env), items)
         return m.seconds_per_image(0)
 
