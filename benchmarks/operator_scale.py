@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Operator scale: N DiffusionJobs at once against a real control plane, and the floor.
 
-    ~/.cache/muralist/venv/bin/python benchmarks/operator_scale.py [--sizes 1 50 200]
+    ~/.cache/muralist/venv/bin/python benchmarks/operator_scale.py [--sizes 1 50 200] [--rounds 3] [--quick]
 
 Starts the test control plane (hack/controlplane.py: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, kwok) in a temp dir with 4 fake nodes (110 pods
 each), applies the CRD, runs `muralist operator` as a subprocess (as tests/cluster/conftest.py
-does), then for each N, each round in a fresh namespace:
+does), then for each N, `--rounds` rounds of both of these, each in a fresh namespace, the
+order alternating from round to round (operator first in odd rounds, floor first in even ones)
+so that drift in the machine's load hits both alike:
 
 - operator: create N one-pod DiffusionJobs at once (8 client threads; CPU, tiny requests; the
   pods' fate `succeed` after 2 s, played by kwok's stages) and wait until all are Succeeded;
@@ -20,7 +22,15 @@ from just before each create request is sent:
 - last pod Succeeded -> DJ phase Succeeded (includes the Job controller marking the Job
   Complete, then the operator); and, for reference, pod Succeeded -> Job Complete (floor).
 
-Operator memory: VmHWM (peak RSS) of the operator process and its children, after each N.
+Every column of the table is printed by the script: latencies pooled over the rounds (p50 /
+p95 / max), the ratio of the p50s of DJ create -> pod and the floor's Job create -> pod (median
+of the rounds, and each round's), the time until all N are done and how long the creates took
+to send (medians), the operator's CPU seconds during its round and the namespace's deletion
+(median), and its memory: VmHWM (peak RSS) of the operator process and its children, after the N's
+last round.
+
+--quick: N = 3, 1 round, no warm-up job (a check that it runs: the test suite runs it, marked
+`cluster`; its round includes the operator's start).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,7 +142,13 @@ class Watcher(threading.Thread):
 
         fn = self.list_fn(self.api)
         while not self.stopped.is_set():
-            listing = json.loads(fn(_preload_content=False).data)
+            try:
+                listing = json.loads(fn(_preload_content=False).data)
+            except (client.ApiException, urllib3.exceptions.HTTPError) as e:
+                # A busy API server can time a list out (504, seen at N=200): list again, a second later.
+                print(f"  watch list failed ({getattr(e, 'status', type(e).__name__)}), listing again", flush=True)
+                self.stopped.wait(1.0)
+                continue
             rv = listing["metadata"]["resourceVersion"]
             now = time.monotonic()
             for obj in listing["items"]:  # what changed while no watch was open
@@ -324,6 +341,11 @@ def deltas(start: dict[Key, float], end: dict[Key, float], keys: list[Key]) -> l
     return [end[k] - start[k] for k in keys if k in start and k in end]
 
 
+def p50(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(0.5 * len(ordered) + 0.5) - 1))]
+
+
 def summary(values: list[float]) -> str:
     if not values:
         return "-"
@@ -336,21 +358,31 @@ def summary(values: list[float]) -> str:
 
 
 @dataclass
+class Side:
+    """One round of one side (operator or floor) for one N."""
+
+    to_job: list[float]  # operator: DJ create -> Job (the floor: empty)
+    to_pod: list[float]  # DJ create -> pod, or Job create -> pod
+    done_to_end: list[float]  # last pod done -> DJ Succeeded, or pod done -> Job Complete
+    all_done_s: float
+    sent_over_s: float  # first create sent -> last create sent
+    cpu_s: float = 0.0  # operator CPU during the round and the namespace's deletion
+
+
+@dataclass
 class Row:
     n: int
-    dj_to_job: list[float]
-    dj_to_pod: list[float]
-    floor_job_to_pod: list[float]
-    pod_to_dj_succeeded: list[float]
-    floor_pod_to_job_complete: list[float]
-    all_succeeded_s: float
-    floor_all_complete_s: float
-    peak_rss_mib: float
+    operator: list[Side] = field(default_factory=list)
+    floor: list[Side] = field(default_factory=list)
+    peak_rss_mib: float = 0.0
+
+    def pod_ratios(self) -> list[float]:
+        return [p50(o.to_pod) / p50(f.to_pod) for o, f in zip(self.operator, self.floor, strict=True)]
 
 
-def operator_round(api: Any, rec: Recorder, op: Operator, n: int, ns: str,
-                   timeout: float) -> tuple[list[float], list[float], list[float], float]:
+def operator_round(api: Any, rec: Recorder, op: Operator, n: int, ns: str, timeout: float) -> Side:
     fresh_namespace(api, ns)
+    cpu0 = op.cpu_seconds()
     custom = client.CustomObjectsApi(api)
     names = [f"dj-{i:03d}" for i in range(n)]
     sent = create_all(n, lambda i: custom.create_namespaced_custom_object(
@@ -364,14 +396,15 @@ def operator_round(api: Any, rec: Recorder, op: Operator, n: int, ns: str,
     seen, to_job = deltas(start, rec.dj_added, keys), deltas(rec.dj_added, rec.job_added, keys)
     print(f"  N={n} operator: creates sent over {max(sent.values()) - t0:.1f}s; DJ create -> seen by a watch "
           f"{summary(seen)}; DJ seen -> its Job {summary(to_job)}", flush=True)
-    out = (deltas(start, rec.job_added, keys), deltas(start, rec.pod_added, keys),
-           deltas(rec.pod_done, rec.dj_succeeded, keys), total)
+    side = Side(deltas(start, rec.job_added, keys), deltas(start, rec.pod_added, keys),
+                deltas(rec.pod_done, rec.dj_succeeded, keys), total, max(sent.values()) - t0)
     delete_namespace(api, ns)
-    return out
+    side.cpu_s = op.cpu_seconds() - cpu0
+    return side
 
 
 def floor_round(api: Any, rec: Recorder, n: int, ns: str, timeout: float,
-                shape: str = "plain", over: float = 0.0) -> tuple[list[float], list[float], float]:
+                shape: str = "plain", over: float = 0.0) -> Side:
     fresh_namespace(api, ns)
     batch = client.BatchV1Api(api)
     names = [f"job-{i:03d}" for i in range(n)]
@@ -384,9 +417,10 @@ def floor_round(api: Any, rec: Recorder, n: int, ns: str, timeout: float,
     start = {(ns, names[i]): t for i, t in sent.items()}
     print(f"  N={n} floor: creates sent over {max(sent.values()) - t0:.1f}s; Job create -> seen by a watch "
           f"{summary(deltas(start, rec.job_added, keys))}", flush=True)
-    out = (deltas(start, rec.pod_added, keys), deltas(rec.pod_done, rec.job_complete, keys), total)
+    side = Side([], deltas(start, rec.pod_added, keys), deltas(rec.pod_done, rec.job_complete, keys), total,
+                max(sent.values()) - t0)
     delete_namespace(api, ns)
-    return out
+    return side
 
 
 def apply_crd(api: Any) -> None:
@@ -416,6 +450,8 @@ def load_average() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 50, 200])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per N, operator and floor alternating first")
+    parser.add_argument("--quick", action="store_true", help="N = 3, 1 round: a check that it runs")
     parser.add_argument("--bin-dir", type=Path, default=None,
                         help="control plane binaries (default: hack/cluster-binaries.sh's cache)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
@@ -425,6 +461,8 @@ def main() -> int:
     parser.add_argument("--floor", choices=["plain", "rendered"], default="plain",
                         help="the floor's Jobs: plain Indexed Jobs, or exactly the Job the operator renders")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.rounds = [3], 1
     bin_dir = args.bin_dir or controlplane.default_bin_dir()
     if missing := controlplane.missing_binaries(bin_dir):
         raise SystemExit(f"missing in {bin_dir}: {', '.join(missing)}; run hack/cluster-binaries.sh")
@@ -450,21 +488,28 @@ def main() -> int:
         for w in ws:
             w.ready.wait(30)
         op = Operator(cp.kubeconfig, work / "operator.log")
-        # A warm-up job: the operator has listed and watched everything before we measure.
-        operator_round(api, rec, op, 1, "bench-warmup", 120)
+        if not args.quick:  # a warm-up job: the operator has listed and watched everything before we measure
+            operator_round(api, rec, op, 1, "bench-warmup", 120)
         for n in args.sizes:
             timeout = 120 + 2 * n
-            cpu0 = op.cpu_seconds()
-            dj_job, dj_pod, pod_dj, total = operator_round(api, rec, op, n, f"bench-op-{n}", timeout)
-            print(f"  N={n} operator CPU during its round (and the namespace's deletion): "
-                  f"{op.cpu_seconds() - cpu0:.1f}s", flush=True)
-            floor_pod, floor_done, floor_total = floor_round(api, rec, n, f"bench-floor-{n}", timeout,
-                                                             args.floor, args.floor_over)
-            rows.append(Row(n, dj_job, dj_pod, floor_pod, pod_dj, floor_done, total, floor_total,
-                            op.peak_rss_mib()))
+            row = Row(n)
+            for rnd in range(args.rounds):
+                for side_name in ("operator", "floor") if rnd % 2 == 0 else ("floor", "operator"):
+                    if side_name == "operator":
+                        side = operator_round(api, rec, op, n, f"bench-op-{n}-r{rnd}", timeout)
+                        row.operator.append(side)
+                        print(f"  N={n} round {rnd + 1} operator: all Succeeded in {side.all_done_s:.1f}s, operator "
+                              f"CPU during its round (and the namespace's deletion) {side.cpu_s:.1f}s", flush=True)
+                    else:
+                        side = floor_round(api, rec, n, f"bench-floor-{n}-r{rnd}", timeout, args.floor,
+                                           args.floor_over)
+                        row.floor.append(side)
+                        print(f"  N={n} round {rnd + 1} floor: all Complete in {side.all_done_s:.1f}s", flush=True)
+                print(f"N={n} round {rnd + 1}: create -> pod p50 operator / floor {row.pod_ratios()[-1]:.2f}; "
+                      f"load {load_average()}", flush=True)
+            row.peak_rss_mib = op.peak_rss_mib()
+            rows.append(row)
             loads.append(load_average())
-            print(f"N={n}: {n} DiffusionJobs Succeeded in {total:.1f}s, {n} plain Jobs complete "
-                  f"in {floor_total:.1f}s; load {loads[-1]}", flush=True)
     finally:
         for w in ws:
             w.stopped.set()
@@ -475,22 +520,31 @@ def main() -> int:
             print(f"logs kept in {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    report(rows, loads, time.monotonic() - began)
+    report(rows, loads, time.monotonic() - began, args.rounds)
     return 0
 
 
-def report(rows: list[Row], loads: list[str], seconds: float) -> None:
-    print(f"\nseconds, p50 / p95 / max; load average at start and after each N: "
-          f"{' | '.join(loads)}; total {seconds:.0f}s\n")
-    print("| N | DJ create -> Job | DJ create -> pod | floor: Job create -> pod "
-          "| last pod done -> DJ Succeeded | floor: pod done -> Job Complete "
-          "| all N Succeeded (op / floor) | operator peak RSS |")
-    print("|---:|---|---|---|---|---|---|---:|")
+def report(rows: list[Row], loads: list[str], seconds: float, rounds: int) -> None:
+    med = statistics.median
+    print(f"\nseconds, p50 / p95 / max over {rounds} round(s) (operator and floor alternating first); medians of "
+          f"the rounds for the rest; load average at start and after each N: {' | '.join(loads)}; "
+          f"total {seconds:.0f}s\n")
+    print("| N | DJ create -> Job | DJ create -> pod | floor: Job create -> pod | ratio of p50s (per round) "
+          "| last pod done -> DJ Succeeded | floor: pod done -> Job Complete | all N done (op / floor) "
+          "| creates sent over (op / floor) | operator CPU | operator peak RSS |")
+    print("|---:|---|---|---|---|---|---|---|---|---:|---:|")
+
+    def pooled(sides: list[Side], attr: str) -> list[float]:
+        return [v for side in sides for v in getattr(side, attr)]
+
     for r in rows:
-        print(f"| {r.n} | {summary(r.dj_to_job)} | {summary(r.dj_to_pod)} "
-              f"| {summary(r.floor_job_to_pod)} | {summary(r.pod_to_dj_succeeded)} "
-              f"| {summary(r.floor_pod_to_job_complete)} "
-              f"| {r.all_succeeded_s:.1f}s / {r.floor_all_complete_s:.1f}s | {r.peak_rss_mib:.0f} MiB |")
+        ratios = r.pod_ratios()
+        print(f"| {r.n} | {summary(pooled(r.operator, 'to_job'))} | {summary(pooled(r.operator, 'to_pod'))} "
+              f"| {summary(pooled(r.floor, 'to_pod'))} | {med(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)}) "
+              f"| {summary(pooled(r.operator, 'done_to_end'))} | {summary(pooled(r.floor, 'done_to_end'))} "
+              f"| {med(s.all_done_s for s in r.operator):.1f} s / {med(s.all_done_s for s in r.floor):.1f} s "
+              f"| {med(s.sent_over_s for s in r.operator):.1f} s / {med(s.sent_over_s for s in r.floor):.1f} s "
+              f"| {med(s.cpu_s for s in r.operator):.1f} s | {r.peak_rss_mib:.0f} MiB |")
 
 
 if __name__ == "__main__":

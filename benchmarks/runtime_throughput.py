@@ -2,7 +2,7 @@
 """Runtime throughput on CPU: `muralist run` DataParallel vs diffusers' reference recipe.
 
     ~/.cache/muralist/venv/bin/python benchmarks/runtime_throughput.py [--rounds 3] [--prompts 16]
-        [--batch-sizes 1 2 4] [--git-rev HEAD]   # --git-rev: that commit's runtime, not the tree's
+        [--batch-sizes 1 2 4] [--git-rev HEAD] [--quick]   # --git-rev: that commit's runtime, not the tree's
 
 One small but compute-bound Flux pipeline (random weights, a ~36 M-parameter transformer,
 a VAE that downsamples 8x; built once into a cache directory), the same prompts and seeds,
@@ -14,14 +14,20 @@ a VAE that downsamples 8x; built once into a cache directory), the same prompts 
   processesPerNode 2, batchSize N.
 
 Rounds interleave the variants (a, b1, b2, b4, a, b1, ...) so drift in the machine's load
-hits all of them alike. Two figures per variant:
+hits all of them alike. Both sides are timed by the same records:
 
-- generation images/s: images / (last image file written - model ready). "Model ready" is the
-  file rank 0 writes right after loading (job.json for the runtime, `ready` for the
-  reference); neither side exposes its own generation timestamps, so both are read the same
-  way from file modification times. Includes writing the PNGs (both sides write them).
-- end-to-end images/s: images / wall time of the launcher command (imports, process start,
+- generation img/s: images / generation span, the span running from the start of the first
+  pipeline call of any rank to the last image file written (its modification time). The call
+  times come from call_times/sitecustomize.py, which both launchers load (PYTHONPATH): it
+  wraps FluxPipeline.__call__ and appends each call's start and end to a file per process.
+  The span includes writing the PNGs (both sides write them) and what a side does between
+  calls (the runtime: claims, sidecars, manifest, progress), not loading or start-up.
+- end-to-end img/s: images / wall time of the launcher command (imports, process start,
   rendezvous, model load, generation, runtime summary/gallery).
+- CPU s/image: user + system CPU of the launcher and all its processes, per image.
+
+--quick: 4 images of 64x64, 1 round, the reference and bs=1 only (about half a minute; the
+test suite runs it to check that the table prints).
 """
 
 from __future__ import annotations
@@ -60,7 +66,8 @@ TRANSFORMER_CONFIG = {
     "pooled_projection_dim": 64,
     "axes_dims_rope": [16, 24, 24],
 }
-HEIGHT = WIDTH = 256  # 8x VAE, 2x2 packing: 16 x 16 = 256 image tokens
+HEIGHT = WIDTH = 256  # 8x VAE, 2x2 packing: 16 x 16 = 256 image tokens (--size)
+CALL_TIMES = HERE / "call_times"  # sitecustomize.py: times every FluxPipeline call
 STEPS = 4
 GUIDANCE = 3.5
 MAX_SEQUENCE_LENGTH = 256  # T5 text tokens (FLUX.1-schnell's default)
@@ -142,7 +149,7 @@ class Variant:
         return statistics.median(r.images / getattr(r, attr) for r in self.results)
 
 
-def job_manifest(model: Path, texts: list[str], batch_size: int) -> dict[str, object]:
+def job_manifest(model: Path, texts: list[str], batch_size: int, size: int, tokens: int) -> dict[str, object]:
     return {
         "apiVersion": "muralist.dev/v1alpha1",
         "kind": "DiffusionJob",
@@ -150,9 +157,9 @@ def job_manifest(model: Path, texts: list[str], batch_size: int) -> dict[str, ob
         "spec": {
             "model": {"name": str(model), "dtype": "float32", "pipeline": "FluxPipeline"},
             "prompts": texts,
-            "generation": {"steps": STEPS, "guidanceScale": GUIDANCE, "height": HEIGHT,
-                           "width": WIDTH, "seed": 0, "batchSize": batch_size,
-                           "extraArgs": {"max_sequence_length": MAX_SEQUENCE_LENGTH}},
+            "generation": {"steps": STEPS, "guidanceScale": GUIDANCE, "height": size,
+                           "width": size, "seed": 0, "batchSize": batch_size,
+                           "extraArgs": {"max_sequence_length": tokens}},
             "parallelism": {"strategy": "DataParallel", "nodes": 1, "gpusPerNode": 0,
                             "processesPerNode": 2},
             "output": {"format": "png"},
@@ -179,10 +186,11 @@ def export_revision(rev: str, work: Path) -> str:
     return commit
 
 
-def bench_env() -> dict[str, str]:
+def bench_env(call_log: Path) -> dict[str, str]:
     env = dict(os.environ)
-    if PYTHONPATH_PREFIX:
-        env["PYTHONPATH"] = os.pathsep.join([*PYTHONPATH_PREFIX, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(CALL_TIMES), *PYTHONPATH_PREFIX,
+                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["MURALIST_BENCH_CALL_LOG"] = str(call_log)
     # torchrun sets OMP_NUM_THREADS=1 per worker when it starts several; say it for both
     # launchers so the thread count is the same by construction.
     return {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -190,23 +198,24 @@ def bench_env() -> dict[str, str]:
             "TRANSFORMERS_VERBOSITY": "error", "DIFFUSERS_VERBOSITY": "error"}
 
 
-def run_reference(model: Path, prompts_file: Path, out: Path) -> tuple[tuple[float, float], Path]:
+def run_reference(model: Path, prompts_file: Path, out: Path, size: int, tokens: int,
+                  calls: Path) -> tuple[float, float]:
     cmd = [str(VENV_BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", str(free_port()), str(HERE / "reference_accelerate.py"),
            "--model", str(model), "--prompts", str(prompts_file), "--output", str(out),
-           "--steps", str(STEPS), "--height", str(HEIGHT), "--width", str(WIDTH),
-           "--guidance-scale", str(GUIDANCE), "--max-sequence-length", str(MAX_SEQUENCE_LENGTH)]
-    return timed(cmd), out / "ready"
+           "--steps", str(STEPS), "--height", str(size), "--width", str(size),
+           "--guidance-scale", str(GUIDANCE), "--max-sequence-length", str(tokens)]
+    return timed(cmd, calls)
 
 
-def run_muralist(model: Path, texts: list[str], batch_size: int, work: Path,
-                 out: Path) -> tuple[tuple[float, float], Path]:
+def run_muralist(model: Path, texts: list[str], batch_size: int, work: Path, out: Path, size: int, tokens: int,
+                 calls: Path) -> tuple[float, float]:
     manifest = work / f"job-bs{batch_size}.yaml"
-    manifest.write_text(yaml.safe_dump(job_manifest(model, texts, batch_size), sort_keys=False))
+    manifest.write_text(yaml.safe_dump(job_manifest(model, texts, batch_size, size, tokens), sort_keys=False))
     cmd = [str(VENV_BIN / "muralist"), "run", str(manifest), "--model", str(model),
            "--output", str(out)]
-    return timed(cmd), out / "job.json"
+    return timed(cmd, calls)
 
 
 def free_port() -> int:
@@ -220,10 +229,12 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(cmd: list[str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the command and every process it waited for)."""
+def timed(cmd: list[str], calls: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the command and every process it waited for); its
+    processes' pipeline calls logged into `calls`."""
+    calls.mkdir(parents=True)
     cpu, start = children_cpu(), time.perf_counter()
-    proc = subprocess.run(cmd, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.run(cmd, env=bench_env(calls), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     elapsed, cpu = time.perf_counter() - start, children_cpu() - cpu
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout.decode(errors="replace")[-4000:])
@@ -231,14 +242,14 @@ def timed(cmd: list[str]) -> tuple[float, float]:
     return elapsed, cpu
 
 
-def generation_seconds(ready: Path, images: list[Path]) -> float:
-    """Last image written - rank 0 ready. A runtime that rewrites job.json at the end with
-    its own timings (generateSeconds) makes the file time useless: take its figure then."""
-    if ready.name == "job.json":
-        recorded = json.loads(ready.read_text()).get("generateSeconds")
-        if recorded is not None:
-            return float(recorded)
-    return max(p.stat().st_mtime for p in images) - ready.stat().st_mtime
+def generation_seconds(calls: Path, images: list[Path], expected: int) -> float:
+    """Start of the first pipeline call of any process -> the last image file written: the
+    same records for both sides (their calls timed by call_times/sitecustomize.py)."""
+    records = [json.loads(line) for f in calls.glob("calls-*.jsonl") for line in f.read_text().splitlines()]
+    rendered = sum(r["images"] for r in records)
+    if rendered != expected:  # a call the hook missed, or one more than the images (a warm-up)
+        raise SystemExit(f"{calls}: pipeline calls logged {rendered} images, expected {expected}")
+    return max(p.stat().st_mtime for p in images) - min(r["start"] for r in records)
 
 
 def load_average() -> str:
@@ -252,13 +263,25 @@ def main() -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--keep", action="store_true", help="keep the output images")
+    parser.add_argument("--size", type=int, default=HEIGHT, help="image height and width")
+    parser.add_argument("--quick", action="store_true",
+                        help="muralist/tiny-flux, 4 images of 32x32, 1 round, the reference and bs=1 (checks that "
+                        "it runs)")
     parser.add_argument("--git-rev", default=None,
                         help="benchmark the runtime of this git revision (e.g. HEAD) instead of "
                              "the working tree as it is")
     args = parser.parse_args()
+    tokens = MAX_SEQUENCE_LENGTH
+    if args.quick:
+        args.rounds, args.prompts, args.batch_sizes, args.size = 1, 4, [1], 32
+        from muralist_runtime.model.pipeline import tiny_cache_dir
+        from muralist_runtime.model.tiny import build_tiny
 
-    args.cache.mkdir(parents=True, exist_ok=True)
-    model = build_model(args.cache / MODEL_NAME)
+        model = build_tiny("muralist/tiny-flux", tiny_cache_dir("muralist/tiny-flux"))
+        tokens = 16  # as the runtime's tests render it
+    else:
+        args.cache.mkdir(parents=True, exist_ok=True)
+        model = build_model(args.cache / MODEL_NAME)
     texts = prompts(args.prompts)
     variants = [Variant("reference (accelerate)", "reference", None)] + [
         Variant(f"muralist bs={bs}", f"bs{bs}", bs) for bs in args.batch_sizes]
@@ -270,21 +293,20 @@ def main() -> int:
         source = "working tree"
         if args.git_rev:
             source = f"git {export_revision(args.git_rev, work)}"
-        print(f"{args.prompts} images of {HEIGHT}x{WIDTH}, {STEPS} steps, 2 processes x 1 thread; "
+        print(f"{model.name}: {args.prompts} images of {args.size}x{args.size}, {STEPS} steps, 2 processes x 1 thread; "
               f"runtime from the {source}; load average {loads[0]}", flush=True)
         for rnd in range(args.rounds):
             for v in variants:
-                out = work / f"r{rnd}-{v.slug}"
+                out, calls = work / f"r{rnd}-{v.slug}", work / f"r{rnd}-{v.slug}-calls"
                 if v.batch_size is None:
-                    (wall, cpu), ready = run_reference(model, prompts_file, out)
-                    images = sorted(out.glob("*.png"))
+                    wall, cpu = run_reference(model, prompts_file, out, args.size, tokens, calls)
+                    pngs = sorted(out.glob("*.png"))
                 else:
-                    (wall, cpu), ready = run_muralist(model, texts, v.batch_size, work, out)
-                    images = sorted((out / "images").glob("*"))
-                pngs = [p for p in images if p.suffix == ".png"]
+                    wall, cpu = run_muralist(model, texts, v.batch_size, work, out, args.size, tokens, calls)
+                    pngs = sorted((out / "images").glob("*.png"))
                 if len(pngs) != args.prompts:
                     raise SystemExit(f"{v.name}: {len(pngs)} images, expected {args.prompts}")
-                v.results.append(Result(len(pngs), generation_seconds(ready, images), wall, cpu))
+                v.results.append(Result(len(pngs), generation_seconds(calls, pngs, args.prompts), wall, cpu))
                 r = v.results[-1]
                 print(f"round {rnd + 1} {v.name:24s} generation {r.generation_s:6.2f}s "
                       f"({r.images / r.generation_s:.3f} img/s)  end-to-end {r.end_to_end_s:6.2f}s "
@@ -292,7 +314,7 @@ def main() -> int:
                       f"load {load_average()}", flush=True)
             loads.append(load_average())
         identical = same_images(work / "r0-reference", work / "r0-bs1")
-        report(variants, loads, identical)
+        report(variants, loads, identical, args, model)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -314,11 +336,11 @@ def same_images(reference: Path, muralist: Path) -> str:
     return "identical" if max(diffs) == 0 else f"max pixel difference {max(diffs)}"
 
 
-def report(variants: list[Variant], loads: list[str], identical: str) -> None:
+def report(variants: list[Variant], loads: list[str], identical: str, args: argparse.Namespace, model: Path) -> None:
     ref = variants[0]
     ref_gen, ref_e2e = ref.median("generation_s"), ref.median("end_to_end_s")
-    print(f"\nmedian of {len(ref.results)} rounds; load average before/after each round: "
-          f"{' | '.join(loads)}")
+    print(f"\n{model.name}: {args.prompts} images of {args.size}x{args.size}, {STEPS} steps, 2 processes x 1 thread; "
+          f"median of {len(ref.results)} round(s); load average before/after each round: {' | '.join(loads)}")
     print(f"reference vs muralist bs=1 images: {identical}\n")
     print("| variant | generation img/s | ratio vs reference | end-to-end img/s | ratio vs reference "
           "| CPU s/image (end-to-end) |")

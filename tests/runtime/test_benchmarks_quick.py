@@ -1,13 +1,19 @@
 """The benchmarks that have a quick mode run to their table (their figures are not checked:
-timings on a shared machine mean nothing in a test)."""
+timings on a shared machine mean nothing in a test; every cell must hold one)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.cluster_plugin import load_controlplane
 from tests.paths import REPO
 
 
@@ -43,3 +49,63 @@ def test_cache_speed_quick(runtime_env: dict[str, str]) -> None:
     for control in cache_speed.CONTROLS:
         assert float(rows[control][4].split(" / ")[1]) < mild_psnr_min, rows[control]
     assert rows[cache_speed.ZEROED][6] == "0.0%", "an image of noise adheres to nothing"
+
+
+NUMBER = re.compile(r"[-+]?\d+(\.\d+)?")
+
+
+def assert_numbers(rows: dict[str, list[str]], columns: int, dash_rows: tuple[str, ...] = ()) -> None:
+    """Every row has all its columns, each a figure (a row listed in `dash_rows` may show '-' where
+    it is its own baseline)."""
+    for label, cells in rows.items():
+        assert len(cells) == columns, (label, cells)
+        for cell in cells[1:]:
+            assert NUMBER.search(cell) or (cell == "-" and label in dash_rows), (label, cell, cells)
+
+
+def run_quick(script: str, env: dict[str, str]) -> str:
+    proc = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "load average" in proc.stdout
+    return proc.stdout
+
+
+def test_straggler_quick(runtime_env: dict[str, str], tiny_model: Path) -> None:
+    out = run_quick("straggler.py", runtime_env)
+    rows = table_rows(out)
+    assert list(rows) == ["1 pod x 2 processes, dynamic", "1 pod x 2 processes, static"]
+    assert_numbers(rows, 8)
+    assert "byte-identical" in out, "the plans render the same images"
+
+
+def test_runtime_throughput_quick(runtime_env: dict[str, str], tiny_model: Path) -> None:
+    out = run_quick("runtime_throughput.py", runtime_env)
+    rows = table_rows(out)
+    assert list(rows) == ["reference (accelerate)", "muralist bs=1"]
+    assert_numbers(rows, 6)
+    assert "reference vs muralist bs=1 images: identical" in out
+
+
+def test_dataset_job_quick(runtime_env: dict[str, str], tiny_model: Path) -> None:
+    out = run_quick("dataset_job.py", runtime_env)
+    lines = [line for line in out.splitlines() if line.startswith("| jsonl")]
+    assert [line.split("|")[2].strip() for line in lines] == ["5,000", "10"], out[-2000:]
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert len(cells) == 10 and all(NUMBER.search(c) or c == "-" for c in cells[1:]), cells
+    assert "reading path: peak MiB" in out
+
+
+@pytest.mark.cluster
+def test_operator_scale_quick(runtime_env: dict[str, str]) -> None:
+    controlplane = load_controlplane()
+    bin_dir = controlplane.default_bin_dir()
+    if missing := controlplane.missing_binaries(bin_dir):
+        reason = f"control plane binaries missing in {bin_dir} ({', '.join(missing)}): run hack/cluster-binaries.sh"
+        if os.environ.get("MURALIST_REQUIRE_CLUSTER") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    rows = table_rows(run_quick("operator_scale.py", runtime_env))
+    assert list(rows) == ["3"]
+    assert_numbers(rows, 11)

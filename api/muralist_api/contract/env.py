@@ -34,6 +34,7 @@ from muralist_api.contract import (
     MURALIST_TEST_HANG_AFTER,
     MURALIST_TEST_HANG_RANK,
     MURALIST_TEST_NAN_ROWS,
+    MURALIST_TEST_RENDER_REPEAT,
     MURALIST_TEST_SLOW_RANK,
     MURALIST_TEST_STATIC_PLAN,
     MURALIST_TEST_STEP_SLEEP,
@@ -71,6 +72,7 @@ class TestFaults:
     nan_rows: frozenset[int] = frozenset()
     step_sleep: float = 0.0
     slow_rank: int = -1
+    render_repeat: int = 1
     static_plan: bool = False
 
     @classmethod
@@ -85,6 +87,7 @@ class TestFaults:
             nan_rows=frozenset(int(x) for x in raw_rows.split(",") if x.strip()),
             step_sleep=float(env.get(MURALIST_TEST_STEP_SLEEP) or 0),
             slow_rank=_int(env, MURALIST_TEST_SLOW_RANK, -1),
+            render_repeat=_int(env, MURALIST_TEST_RENDER_REPEAT, 1),
             static_plan=env.get(MURALIST_TEST_STATIC_PLAN) == "1",
         )
 

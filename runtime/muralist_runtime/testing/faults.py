@@ -10,7 +10,12 @@ With either set, each image is written before the next is rendered, so N is exac
 - MURALIST_TEST_NAN_ROWS=3,7: the outputs of those rows come out as NaN (a diverged sampler),
   so the per-item failure path runs for real.
 - MURALIST_TEST_STEP_SLEEP=s with MURALIST_TEST_SLOW_RANK=r: rank r sleeps s seconds after every
-  denoising step (a GPU half as fast), for the straggler benchmark.
+  denoising step (a GPU half as fast) while its device sits idle: for tests that need a slow rank.
+- MURALIST_TEST_RENDER_REPEAT=k with MURALIST_TEST_SLOW_RANK=r: rank r renders each batch k times
+  (the first result kept, the others discarded), so its items cost k times the compute, as on a
+  device 1/k as fast, and it loads the machine as such a device would (a sleep leaves its core to
+  the other ranks): the straggler benchmark's slow rank. DataParallel only: in a group of several
+  ranks the others would not join the extra renders' collectives.
 - MURALIST_TEST_STATIC_PLAN=1: fixed contiguous shares instead of claimed chunks (the
   benchmark's comparison).
 MURALIST_TEST_BREAK_CP is read by canary.py.
@@ -64,6 +69,12 @@ def step_sleep(rank: int) -> float:
     """Seconds the slow rank sleeps after each step (0 for every other rank)."""
     faults = PodEnv.from_environ().faults
     return faults.step_sleep if rank == faults.slow_rank else 0.0
+
+
+def render_repeat(rank: int) -> int:
+    """How many times the slow rank renders each batch (1 for every other rank)."""
+    faults = PodEnv.from_environ().faults
+    return max(1, faults.render_repeat) if rank == faults.slow_rank else 1
 
 
 def static_plan() -> bool:
