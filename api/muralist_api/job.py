@@ -199,6 +199,9 @@ _PPN = (
     "((self.strategy == 'DeviceMap' || self.gpusPerNode == 0) ? 1 : self.gpusPerNode))"
 )
 _CP_DEGREE = "(self.contextParallel.ringDegree * self.contextParallel.ulyssesDegree)"
+# What a resize keeps: every field of spec.parallelism but nodes (always set: they have defaults; or optional).
+_FIXED_LAYOUT = ("strategy", "gpusPerNode", "launcher", "collectiveTimeoutSeconds", "verify")
+_OPTIONAL_LAYOUT = ("processesPerNode", "contextParallel", "tensorParallel", "deviceMap")
 
 
 class Parallelism(ApiModel):
@@ -271,13 +274,31 @@ class Parallelism(ApiModel):
             f"use one of {', '.join(_CPU_CP_BACKENDS)}",
             mirrors=catalog.backend_problems,
         ),
+        CelRule(
+            " && ".join([*(f"self.{f} == oldSelf.{f}" for f in _FIXED_LAYOUT),
+                         *(f"has(self.{f}) == has(oldSelf.{f}) && (!has(self.{f}) || self.{f} == oldSelf.{f})"
+                           for f in _OPTIONAL_LAYOUT)]),
+            "spec.parallelism: only nodes can change after creation (a resize: kubectl scale dj/NAME "
+            "--replicas=N); create a new DiffusionJob for another layout",
+            cel_only="a transition rule: Python validates a manifest, not a change to one",
+        ),
+        CelRule(
+            f"self.nodes == oldSelf.nodes || self.strategy != 'ContextParallel' || !has(self.contextParallel) "
+            f"|| {_PPN} % {_CP_DEGREE} == 0",
+            "spec.parallelism.nodes can change while the job runs only when each context-parallel group fits in "
+            "one pod (ringDegree x ulyssesDegree divides processesPerNode): a group spanning pods cannot lose or "
+            "gain one; keep nodes, or create a new DiffusionJob",
+            cel_only="a transition rule: Python validates a manifest, not a change to one",
+        ),
     )
 
     strategy: Strategy = Field(
         Strategy.DATA_PARALLEL,
         description="DataParallel | DeviceMap | ContextParallel | TensorParallel.",
     )
-    nodes: int = Field(1, ge=1, le=1024, description="Pods (torchrun agents), one per node.")
+    nodes: int = Field(1, ge=1, le=1024, description="Pods (torchrun agents), one per node. May change while "
+                       "the job runs (kubectl scale dj/NAME --replicas=N) when its groups fit in a pod: new pods "
+                       "start claiming work at once, removed ones (the highest indexes) hand theirs back.")
     gpus_per_node: int = Field(1, ge=0, le=64, description="GPUs per pod; 0 runs on CPU.")
     processes_per_node: int | None = Field(
         None,
@@ -333,6 +354,12 @@ class Parallelism(ApiModel):
     @property
     def data_parallel_degree(self) -> int:
         return self.world_size // self.group_size
+
+    @property
+    def resizable(self) -> bool:
+        """Whether nodes may change while the job runs: every group fits in one pod (each pod is a
+        world of its own, so pods come and go without a rendezvous)."""
+        return self.group_size <= self.resolved_processes_per_node
 
 
 @python_rule()
@@ -450,8 +477,7 @@ class DiffusionJobSpec(ApiModel):
         None, description="Where input images and masks are read from: a volume, or object storage (uri).")
     generation: Annotated[Generation, immutable("generation")] = Field(
         default_factory=Generation, description="Sampling parameters.")
-    # Not immutable in the CRD: crd.py's old table listed it, but a duplicate key there dropped
-    # the rule, so the committed CRD lets parallelism change; restoring it is a CRD change.
+    # Its own transition rules (Parallelism): fixed but for nodes, the size a resize changes.
     parallelism: Parallelism = Field(
         default_factory=Parallelism, description="How the work is split over pods, processes and GPUs."
     )

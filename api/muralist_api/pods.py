@@ -91,6 +91,15 @@ class RunPolicy(ApiModel):
     queue_name: str | None = Field(
         None, description="Kueue LocalQueue; the Job is created suspended for Kueue to admit."
     )
+    termination_grace_period_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=86400,
+        description="How long a pod told to stop (scaled down, preempted, evicted, drained) has to finish the item "
+        "it is rendering before it is killed: it stops claiming at once, writes what it finished and hands its "
+        "unfinished work back to the other pods. Default: twice an estimate of one item's time from the "
+        "generation settings, plus 30 s (see docs/concepts/elastic.md).",
+    )
     stall_timeout_seconds: int | None = Field(
         None,
         ge=10,

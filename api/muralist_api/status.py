@@ -80,6 +80,10 @@ class DiffusionJobStatus(ApiModel):
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions (kstatus reads Ready).")
     observed_generation: int | None = Field(None, description="metadata.generation last reconciled.")
     world_size: int | None = Field(None, description="nodes x processesPerNode.")
+    nodes: int | None = Field(None, description="Pods the job runs now (its Job's parallelism); "
+                              "spec.parallelism.nodes is the size asked for, which a resize moves towards.")
+    selector: str = Field("", description="The label selector of the job's pods (the scale subresource's, for "
+                          "`kubectl scale` and autoscalers).")
     data_parallel_degree: int | None = Field(None, description="Groups rendering different images.")
     progress: Progress = Field(default_factory=Progress, description="Images done out of total, rate and ETA.")
     restarts: int = Field(0, description="Pod retries, all indexes together (a failed pod is retried alone).")

@@ -72,6 +72,13 @@ PRINTER_COLUMNS = [
     },
     {"name": "Strategy", "type": "string", "jsonPath": ".spec.parallelism.strategy"},
     {"name": "World", "type": "integer", "jsonPath": ".status.worldSize", "description": "nodes x processesPerNode"},
+    {"name": "Pods", "type": "integer", "jsonPath": ".status.nodes", "description": "Pods the job runs now"},
+    {
+        "name": "Desired",
+        "type": "integer",
+        "jsonPath": ".spec.parallelism.nodes",
+        "description": "Pods asked for (kubectl scale changes it; Pods follows)",
+    },
     {
         "name": "Restarts",
         "type": "integer",
@@ -89,6 +96,13 @@ PRINTER_COLUMNS = [
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+# `kubectl scale dj/NAME --replicas=N` (and autoscalers) change the number of pods: a resize.
+SCALE = {
+    "specReplicasPath": ".spec.parallelism.nodes",
+    "statusReplicasPath": ".status.nodes",
+    "labelSelectorPath": ".status.selector",
+}
 
 _DROP_KEYS = {"title", "additionalProperties", "$defs"}
 _EXCLUSIVE = {"exclusiveMinimum": "minimum", "exclusiveMaximum": "maximum"}  # pydantic's gt / lt
@@ -230,7 +244,7 @@ def build_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": openapi_schema()},
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                 }
             ],

@@ -42,6 +42,14 @@ class SetJobSuspend:
 
 
 @dataclass(frozen=True)
+class ResizeJob:
+    """Change the Job's completions and parallelism together (an elastic Indexed Job): new
+    indexes start claiming work; the Job controller deletes the highest ones, which drain."""
+
+    nodes: int
+
+
+@dataclass(frozen=True)
 class DeleteSelf:
     reason: str
 
@@ -57,7 +65,7 @@ class StopPod:
     note: str
 
 
-Action = CreateJob | DeleteJob | SetJobSuspend | DeleteSelf | StopPod
+Action = CreateJob | DeleteJob | SetJobSuspend | ResizeJob | DeleteSelf | StopPod
 
 
 @dataclass(frozen=True)

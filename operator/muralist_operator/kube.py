@@ -144,6 +144,12 @@ class Kube:
     def set_job_suspend(self, namespace: str, name: str, suspend: bool) -> None:
         self._ignore(404, _unread, self.batch.patch_namespaced_job, name, namespace, {"spec": {"suspend": suspend}})
 
+    def resize_job(self, namespace: str, name: str, nodes: int) -> None:
+        # One patch: the API server accepts a change of an Indexed Job's size only when completions
+        # and parallelism stay equal.
+        body = {"spec": {"completions": nodes, "parallelism": nodes}}
+        self._ignore(404, _unread, self.batch.patch_namespaced_job, name, namespace, body)
+
     # -- events
 
     def post_event(self, owner: dict[str, Any], type_: str, reason: str, message: str) -> None:

@@ -28,8 +28,9 @@ from muralist_operator.decision import (
     Transition,
 )
 from muralist_operator.observe import Observed, PodView
-from muralist_operator.policies import deadline, failure, stall, suspension, ttl, world
+from muralist_operator.policies import deadline, failure, resize, stall, suspension, ttl, world
 from muralist_operator.progress.aggregate import JobProgress
+from muralist_operator.render import pod_selector
 
 
 def eta_text(seconds: int | None) -> str:
@@ -142,6 +143,7 @@ def decide(
     par, policy = job.spec.parallelism, job.spec.run_policy
     st.world_size, st.data_parallel_degree = par.world_size, par.data_parallel_degree
     st.output_path = job.output_path
+    st.selector = pod_selector(job)
     apply_progress(st, observed.progress, job.total_images)
     apply_cache_verify(st, observed.pods)
 
@@ -178,7 +180,9 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
         t.phase(Phase.PENDING, "JobDeleted", "the Job is being deleted; it is created again once it is gone")
         return t.decision
 
-    # 4. Suspension (by the user, or by Kueue until it admits the Job).
+    # 4. The size asked for (a resize); suspension (by the user, or by Kueue until it admits the Job).
+    resize.apply(t, job, current)
+    pods = resize.in_range(pods, current)
     flip = suspension.action(policy, current)
     if flip is not None:
         t.act(flip)

@@ -33,6 +33,8 @@ class JobView:
     ready: int
     start_time: str | None
     failed_indexes: str = ""  # status.failedIndexes: indexes out of retries ("1,3-5")
+    # Its size: an elastic Indexed Job changes completions and parallelism together (a resize).
+    completions: int | None = None  # None: not said (the API server always fills it in)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ def job_view(body: Mapping[str, Any]) -> JobView:
         ready=int(status.get("ready") or 0),
         start_time=status.get("startTime"),
         failed_indexes=status.get("failedIndexes") or "",
+        completions=_int(spec["completions"], 1) if spec.get("completions") is not None else None,
     )
 
 

@@ -34,6 +34,7 @@ from muralist_operator.decision import (
     Decision,
     DeleteJob,
     DeleteSelf,
+    ResizeJob,
     SetJobSuspend,
     StopPod,
     decide_failed,
@@ -296,6 +297,9 @@ class Reconciler:
                 self.kube.delete_job(ns, name)
             elif isinstance(action, SetJobSuspend):
                 self.kube.set_job_suspend(ns, name, action.suspend)
+            elif isinstance(action, ResizeJob):
+                log.info("resizing Job %s/%s to %d pod(s)", ns, name, action.nodes)
+                self.kube.resize_job(ns, name, action.nodes)
             elif isinstance(action, StopPod):
                 log.info("deleting pod %s/%s: %s", ns, action.name, action.note)
                 self.kube.stop_pod(ns, action.name, action.uid, action.reason, action.note)

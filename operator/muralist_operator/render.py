@@ -50,6 +50,27 @@ MEMORY_HEADROOM = 1.25
 PROCESS_OVERHEAD_GIB = 2
 
 
+# The grace period's guess at one item (runPolicy.terminationGracePeriodSeconds overrides it): a
+# denoising step of a 1024x1024 image (or of 16 video frames) takes about this long on one GPU for
+# the large models people batch (a deliberately generous figure: a pod killed early loses its item,
+# one that ends early loses nothing), scaled by pixels, frames and batch size.
+STEP_SECONDS_PER_MEGAPIXEL = 0.5
+GRACE_MARGIN_SECONDS = 30  # writing what was rendered, handing the chunk back, the kubelet's own
+GRACE_MAX_SECONDS = 3600
+
+
+def termination_grace_seconds(job: DiffusionJob) -> int:
+    """How long a pod told to stop may take: twice the estimate of one pipeline call, plus a margin."""
+    asked = job.spec.run_policy.termination_grace_period_seconds
+    if asked is not None:
+        return asked
+    gen = job.spec.generation
+    megapixels = gen.height * gen.width / (1024 * 1024)
+    frames = max(1.0, (gen.num_frames or 1) / 16)
+    item = gen.steps * STEP_SECONDS_PER_MEGAPIXEL * max(megapixels, 0.05) * frames * gen.batch_size
+    return min(GRACE_MAX_SECONDS, math.ceil(2 * item) + GRACE_MARGIN_SECONDS)
+
+
 class RenderError(ValueError):
     """A valid-looking job that cannot be turned into Kubernetes objects; says how to fix it."""
 
@@ -94,8 +115,9 @@ class Children:
 
 
 def needs_service(job: DiffusionJob) -> bool:
-    """Pods find pod 0 (its work-claim store, a spanning world's master) by the Service's DNS."""
-    return job.spec.parallelism.nodes > 1
+    """Pods find pod 0 (its work-claim store, a spanning world's master) by the Service's DNS. A
+    one-pod job gets it too when it may grow (a resize adds pods that must find the first)."""
+    return job.spec.parallelism.nodes > 1 or job.spec.parallelism.resizable
 
 
 def claims_host(job: DiffusionJob) -> str:
@@ -108,6 +130,15 @@ def spec_config_map_name(job_name: str) -> str:
 
 def job_labels(job: DiffusionJob) -> dict[str, str]:
     return {**BASE_LABELS, LABEL_JOB: job.metadata.name}
+
+
+def worker_labels(job: DiffusionJob) -> dict[str, str]:
+    return {**job_labels(job), LABEL_COMPONENT: "worker"}
+
+
+def pod_selector(job: DiffusionJob) -> str:
+    """The job's pods as a label selector (status.selector: what the scale subresource reports)."""
+    return ",".join(f"{k}={v}" for k, v in worker_labels(job).items())
 
 
 def _meta(job: DiffusionJob, name: str, namespace: str, component: str) -> dict[str, Any]:
@@ -370,6 +401,8 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
     pod_spec: dict[str, Any] = {
         **({"subdomain": job.metadata.name} if needs_service(job) else {}),
         "restartPolicy": "Never",
+        # Told to stop (a resize, preemption, eviction), a pod finishes its item in flight first.
+        "terminationGracePeriodSeconds": termination_grace_seconds(job),
         # The pods talk to no API server: the service account only signs the progress token.
         "automountServiceAccountToken": False,
         "securityContext": {
@@ -392,7 +425,7 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
         "imagePullSecrets": tpl.image_pull_secrets or None,
     }
     pod_spec.update({k: v for k, v in optional.items() if v is not None})
-    labels = {**tpl.labels, **job_labels(job), LABEL_COMPONENT: "worker"}
+    labels = {**tpl.labels, **worker_labels(job)}
     return {
         "metadata": {"labels": labels, "annotations": dict(tpl.annotations)},
         "spec": pod_spec,

@@ -70,7 +70,10 @@ def test_printer_columns_and_names() -> None:
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert names[:5] == ["Phase", "Progress", "ETA", "Strategy", "World"] and names[-1] == "Age"
     assert crd["spec"]["names"]["shortNames"] == ["dj"]
-    assert version["subresources"] == {"status": {}}
+    assert names[5:7] == ["Pods", "Desired"], "a resize's current and asked-for size"
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.parallelism.nodes", "statusReplicasPath": ".status.nodes",
+        "labelSelectorPath": ".status.selector"}}
 
 
 @pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)

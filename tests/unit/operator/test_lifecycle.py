@@ -15,6 +15,7 @@ from muralist_operator.decision import (
     CreateJob,
     DeleteJob,
     DeleteSelf,
+    ResizeJob,
     SetJobSuspend,
     StopPod,
     decide_failed,
@@ -51,6 +52,38 @@ def test_all_pods_running_is_running_and_ready() -> None:
     assert conditions(d.status)["Ready"] == "True"
     assert d.status.start_time == iso(NOW - timedelta(seconds=30))
     assert [e.reason for e in d.events] == ["Running"]
+
+
+def test_a_resize_moves_the_job_and_status_says_what_runs_now() -> None:
+    job = make_job().world(nodes=4).job()
+    d = decide(job, status(phase="Running"), 2, Observed(job=job_view(completions=2), pods=[pod(0), pod(1)]), NOW)
+    assert d.actions == [ResizeJob(4)] and d.status.phase == Phase.RUNNING
+    assert (d.status.nodes, d.status.selector) == (2, "app.kubernetes.io/name=muralist,app.kubernetes.io/managed-by="
+                                                   "muralist-operator,muralist.dev/job-name=cats,"
+                                                   "app.kubernetes.io/component=worker")
+    assert [(e.reason, e.message) for e in d.events] == [
+        ("Resized", "resizing from 2 to 4 pod(s): the new pods claim work as soon as they start")]
+    grown = decide(job, d.status, 2, Observed(job=job_view(completions=4), pods=[pod(i) for i in range(4)]), NOW)
+    assert grown.actions == [] and grown.status.nodes == 4
+
+
+def test_pods_of_indexes_a_resize_removed_are_no_failures() -> None:
+    job = make_job().world(nodes=1).job()
+    drained = failed(2, code=143, message='{"reason": "Drained", "message": "stopped in chunk 3"}')
+    before = status(phase="Running")
+    shrink = decide(job, before, 2, Observed(job=job_view(completions=3), pods=[pod(0), pod(1), pod(2)]), NOW)
+    assert shrink.actions == [ResizeJob(1)]
+    assert "hand back their work" in shrink.events[0].message
+    after = decide(job, shrink.status, 2, Observed(job=job_view(completions=1), pods=[pod(0), drained,
+                                                                                       failed(1, code=143)]), NOW)
+    assert after.actions == [] and after.status.phase == Phase.RUNNING
+    assert (after.status.restarts, after.status.indexes, after.events) == (0, [], [])
+
+
+def test_a_finished_job_is_not_resized() -> None:
+    job = make_job().world(nodes=4).job()
+    d = decide(job, status(phase="Running"), 2, Observed(job=job_view(completions=2, complete=True)), NOW)
+    assert d.status.phase == Phase.SUCCEEDED and d.actions == []
 
 
 def test_complete_job_succeeds_with_completion_time() -> None:

@@ -130,11 +130,25 @@ def test_a_claims_port_of_the_operators_settings_is_the_one_pods_use_and_expose(
     assert env_of(children.job)["MURALIST_CLAIMS_ADDR"] == "cats-0.cats:31400"
 
 
-def test_a_one_pod_job_has_nobody_to_meet() -> None:
+def test_a_one_pod_job_can_grow_so_pods_added_later_find_the_first() -> None:
     children = render_children(make_job("cats").job(), "ns", SETTINGS)
-    assert children.service is None and [o["kind"] for o in children.all()] == ["NetworkPolicy", "ConfigMap", "Job"]
-    assert "subdomain" not in children.job["spec"]["template"]["spec"]
-    assert env_of(children.job)["MURALIST_CLAIMS_ADDR"] == "127.0.0.1:29400"
+    assert [o["kind"] for o in children.all()] == ["NetworkPolicy", "Service", "ConfigMap", "Job"]
+    assert children.job["spec"]["template"]["spec"]["subdomain"] == "cats"
+    assert env_of(children.job)["MURALIST_CLAIMS_ADDR"] == "cats-0.cats:29400"
+
+
+@pytest.mark.parametrize(("generation", "run_policy", "grace"), [
+    ({"steps": 28, "height": 1024, "width": 1024}, {}, 58),  # 2 x 14 s + 30
+    ({"steps": 50, "height": 2048, "width": 2048, "batchSize": 2}, {}, 430),
+    ({"steps": 4, "height": 64, "width": 64}, {}, 31),  # a tiny job: about the margin
+    ({"steps": 1000, "height": 2048, "width": 2048, "batchSize": 8}, {}, 3600),  # capped
+    ({"steps": 28, "height": 1024, "width": 1024}, {"terminationGracePeriodSeconds": 900}, 900),
+], ids=["default", "large", "tiny", "capped", "asked"])
+def test_a_pod_told_to_stop_has_time_for_the_item_in_flight(generation: dict[str, Any], run_policy: dict[str, Any],
+                                                            grace: int) -> None:
+    job = make_job("cats").generation(**generation).run_policy(**run_policy).job()
+    pod = render_children(job, "ns", SETTINGS).job["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == grace
 
 
 def test_only_the_jobs_own_pods_may_connect_to_its_pods() -> None:
