@@ -10,7 +10,10 @@ reasons the launchers cannot serve themselves:
   permanent;
 - a permanent verdict is one line, printed here once for the pod (field, message, exit code),
   while the agent (agent.py) leaves out the launcher's report of the failed worker that would
-  bury it; the ranks only write it (`muralist run` prints it once for all its agents).
+  bury it; the ranks only write it (`muralist run` prints it once for all its agents);
+- SIGTERM (a resize, preemption, eviction) drains the pod (world/drain.py): torchrun would pass
+  it on and kill its workers 30 s later whatever they were doing, so the signal stays here and
+  the ranks find the drain file instead; the pod then exits DRAINED_EXIT_CODE.
 
 Everything else is the pod contract's (muralist_api/contract/pod.py): PET_* variables already in the
 environment win, so a rendered pod and a local agent run exactly the command they show.
@@ -25,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +37,7 @@ from muralist_api.contract.env import PodEnv
 from muralist_api.runtime_spec import RuntimeSpec
 
 from .report.termination import permanent_verdict_line, termination_text
+from .world import drain
 
 
 def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -58,17 +63,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="RuntimeSpec JSON file.")
     args = parser.parse_args(argv)
     command, pet = agent_command(args.spec, dict(os.environ))
-    proc = subprocess.Popen(command, env={**os.environ, **pet, contract.MURALIST_LAUNCHED: "1"})
+    drain_file = PodEnv.from_environ().drain_file or os.path.join(
+        tempfile.gettempdir(), f"muralist-drain-{os.getpid()}")
+    Path(drain_file).unlink(missing_ok=True)
+    proc = subprocess.Popen(command, env={**os.environ, **pet, contract.MURALIST_LAUNCHED: "1",
+                                          contract.MURALIST_DRAIN_FILE: drain_file})
 
     def forward(signum: int, _frame: object) -> None:
         proc.send_signal(signum)  # the launcher passes it on to its workers
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
+    def drain_pod(_signum: int, _frame: object) -> None:
+        drain.request(drain_file)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, drain_pod)
     code = proc.wait()
-    if code == 0:
-        return code
     text = termination_text()
+    if code == 0:
+        verdict = contract.Termination.parse(text or "")
+        if verdict is not None and verdict.reason == "Drained":
+            print(f"muralist: drained: {verdict.message}", file=sys.stderr, flush=True)
+            return contract.DRAINED_EXIT_CODE
+        return code
     if not contract.is_permanent(code, text):
         return code
     line = permanent_verdict_line(text)

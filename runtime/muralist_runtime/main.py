@@ -21,6 +21,8 @@ and the world's groups are the plan's group size.
 Exit codes (the pod contract): 0 done; PERMANENT_FAILURE_EXIT_CODE (78) when retrying cannot
 help; anything else (1) is retryable. torchrun replaces a worker's code with its own, so the
 verdict also goes to the termination message, where the operator and `muralist run` read it.
+A rank told to stop (world/drain.py) exits 0 with the Drained verdict; the launch entry point
+turns that into the pod's DRAINED_EXIT_CODE.
 Test-only failure injection: testing/faults.py.
 
 Timings: loadSeconds, verifySeconds, compileSeconds (model/loading.py) and generateSeconds go
@@ -57,7 +59,7 @@ from .report.termination import termination_log_path, write_termination
 from .run_state import Job, RunState
 from .work import store
 from .work.chunks import NothingLeft
-from .world import distributed
+from .world import distributed, drain
 
 log = logging.getLogger("muralist")
 
@@ -187,6 +189,15 @@ def run(spec_path: str) -> int:
         log.info("nothing to do: %s", e)
         state.finish_writes()
         write_termination(Termination(state.counts, message=str(e)))
+        return contract.EXIT_OK
+    except drain.Drained as e:
+        # Exit 0: the launcher would bury a failed worker under its own report; the launch entry
+        # point gives the pod its exit code (DRAINED_EXIT_CODE) from the verdict.
+        log.info("drained: %s", e)
+        state.finish_writes()
+        state.drained()
+        write_termination(Termination(state.counts, contract.DRAINED_EXIT_CODE, False, "Drained", str(e),
+                                      state.timings, state.cache_sample))
         return contract.EXIT_OK
     except PermanentFailure as e:
         state.finish_writes()

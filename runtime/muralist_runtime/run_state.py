@@ -120,6 +120,11 @@ class RunState:
         """generation.cache.verify's items this rank measured (None: none)."""
         return self._progress.state.cache_sample if self._progress is not None else None
 
+    def drained(self) -> None:
+        """A rank that stopped on request is done as far as its pod's first rank's wait goes."""
+        if self._progress is not None:
+            self._progress.finished()
+
     def finish_writes(self) -> None:
         """On a failure: let queued items reach the disk, raising nothing."""
         if self.background is not None:

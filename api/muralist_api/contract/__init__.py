@@ -31,6 +31,7 @@ from muralist_api.contract.pod import (
     MURALIST_ATTEMPT,
     MURALIST_CACHE,
     MURALIST_CLAIMS_ADDR,
+    MURALIST_DRAIN_FILE,
     MURALIST_LAUNCHED,
     MURALIST_LOCAL,
     MURALIST_NAMESPACE,
@@ -103,6 +104,7 @@ from muralist_api.contract.progress import (
     progress_url,
 )
 from muralist_api.contract.termination import (
+    DRAINED_EXIT_CODE,
     EXIT_OK,
     EXIT_RETRYABLE,
     PERMANENT_FAILURE_EXIT_CODE,
@@ -124,6 +126,7 @@ __all__ = [
     "DATASET_MOUNT",
     "DEFAULT_POST_INTERVAL_SECONDS",
     "DEFAULT_STAGE_DIR",
+    "DRAINED_EXIT_CODE",
     "EXIT_OK",
     "EXIT_RETRYABLE",
     "HF_HOME",
@@ -135,6 +138,7 @@ __all__ = [
     "MURALIST_ATTEMPT",
     "MURALIST_CACHE",
     "MURALIST_CLAIMS_ADDR",
+    "MURALIST_DRAIN_FILE",
     "MURALIST_LAUNCHED",
     "MURALIST_LOCAL",
     "MURALIST_NAMESPACE",

@@ -16,6 +16,7 @@ from muralist_api.contract import (
     MURALIST_ATTEMPT,
     MURALIST_CACHE,
     MURALIST_CLAIMS_ADDR,
+    MURALIST_DRAIN_FILE,
     MURALIST_LAUNCHED,
     MURALIST_LOCAL,
     MURALIST_POD_INDEX,
@@ -117,6 +118,7 @@ class PodEnv:
     termination_log: str | None = None
     cache_dir: str | None = None
     stage_dir: str | None = None
+    drain_file: str | None = None
     hf_home: str | None = None
     hf_token: str | None = None
     # How the runtime was started: under `muralist run`, and by the launch entry point.
@@ -148,6 +150,7 @@ class PodEnv:
             termination_log=_text(env, MURALIST_TERMINATION_LOG),
             cache_dir=env.get(MURALIST_CACHE),
             stage_dir=_text(env, MURALIST_STAGE_DIR),
+            drain_file=_text(env, MURALIST_DRAIN_FILE),
             hf_home=_text(env, HF_HOME_VAR),
             hf_token=_text(env, HF_TOKEN),
             local=env.get(MURALIST_LOCAL) == "1",

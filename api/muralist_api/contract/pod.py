@@ -45,6 +45,8 @@ MURALIST_PROGRESS_CA = "MURALIST_PROGRESS_CA"  # a file: the CA that signed the 
 MURALIST_LOCAL = "MURALIST_LOCAL"  # "1" under `muralist run`: a bar for people, no JSON lines
 # "1" under the launch entry point, which prints a permanent verdict once: ranks only write it.
 MURALIST_LAUNCHED = "MURALIST_LAUNCHED"
+# The file whose existence tells a pod's ranks to drain (the launch entry point creates it on SIGTERM).
+MURALIST_DRAIN_FILE = "MURALIST_DRAIN_FILE"
 MURALIST_PROGRESS_DIR = "MURALIST_PROGRESS_DIR"  # where a pod's ranks keep their counts (report/rank_files.py)
 MURALIST_TERMINATION_LOG = "MURALIST_TERMINATION_LOG"  # overrides TERMINATION_LOG (local runs, tests)
 MURALIST_CACHE = "MURALIST_CACHE"  # where built-in tiny models are built (default under HF_HOME)

@@ -21,6 +21,12 @@ EXIT_RETRYABLE = 1
 # torchrun replaces a worker's exit code with its own, so the verdict also travels in the
 # termination message (`permanent: true`), where the operator and `muralist run` read it.
 PERMANENT_FAILURE_EXIT_CODE = 78
+# A pod told to stop (SIGTERM: scaled down, preempted, evicted) that drained: it finished or
+# abandoned its item in flight and handed its unfinished chunk back. 128 + SIGTERM, what a process
+# stopped by SIGTERM shows: not 0, so that an evicted or preempted pod is started again (its
+# DisruptionTarget condition keeps that from counting as a failure), while the index of a pod
+# removed by a resize is outside its Job, where no exit code counts.
+DRAINED_EXIT_CODE = 143
 # A test knob's stand-in for a killed pod (MURALIST_TEST_EXIT_AFTER).
 TEST_KILLED_EXIT_CODE = 17
 
@@ -38,9 +44,9 @@ class PermanentFailure(Exception):
 # -- the termination message -------------------------------------------------------------------
 
 TERMINATION_MESSAGE_MAX = 4096
-Reason = Literal["Completed", "Error", "PermanentFailure"]
+Reason = Literal["Completed", "Drained", "Error", "PermanentFailure"]
 # Every local rank of a container may write the one termination message: the most severe wins.
-SEVERITY: Mapping[str, int] = {"Completed": 0, "Error": 1, "PermanentFailure": 2}
+SEVERITY: Mapping[str, int] = {"Completed": 0, "Drained": 1, "Error": 2, "PermanentFailure": 3}
 
 
 @dataclass(frozen=True)

@@ -297,6 +297,11 @@ class FilesLayout:
     def end_chunk(self, chunk: int) -> None:
         return None
 
+    def abandon_chunk(self, chunk: int) -> None:
+        """A drained rank leaves the chunk unfinished: its written items stay (and are kept by the
+        next rank that takes the chunk)."""
+        return None
+
 
 class WebDatasetLayout:
     """shards/shard-<chunk>.tar: one shard per chunk, written by the rank that claimed it."""
@@ -355,6 +360,13 @@ class WebDatasetLayout:
 
     def end_chunk(self, chunk: int) -> None:
         self._open.pop(chunk).close()
+
+    def abandon_chunk(self, chunk: int) -> None:
+        """A drained rank leaves the chunk unfinished: a shard is written whole, so its temporary
+        goes and the next rank that takes the chunk renders the shard again (shardSize bounds it)."""
+        writer = self._open.pop(chunk, None)
+        if writer is not None:
+            writer.abort()
 
 
 def layout_for(runtime: RuntimeSpec, rank: int) -> FilesLayout | WebDatasetLayout:

@@ -25,9 +25,12 @@ from ..run_state import Job, NotSetUp, RunState
 from ..testing import faults
 from ..work import chunks, item_failures, rows
 from ..work.item_failures import NAMED, describe_item
+from ..world import drain
 from .cache_gate import CacheGate
 
 log = logging.getLogger("muralist")
+# What a group's first rank shares instead of a chunk when the pod was told to stop.
+DRAINED = "drained"
 
 
 @dataclass
@@ -49,8 +52,12 @@ def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
         if faults.static_plan():
             own = chunks.static_chunks(job.work, layout.group_index, layout.dp_degree)
         else:
+            # The first pod's groups of one rank stay to the end for chunks that drained pods hand
+            # back (a group's other ranks would wait for them in a collective that has a timeout).
+            linger = job.runtime.spec.parallelism.collective_timeout_seconds if (
+                layout.pod_index == 0 and layout.group_size == 1) else 0.0
             own = chunks.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
-                                      _tally(job, state))
+                                      _tally(job, state), linger=linger, stop=drain.requested)
     while True:
         try:
             step = next(own, None) if own is not None else None
@@ -59,11 +66,16 @@ def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
             # its first rank leave in the middle of a collective.
             world.share_in_group(chunks.NOTHING_LEFT)
             raise
+        except drain.Drained:
+            world.share_in_group(DRAINED)
+            raise
         step = world.share_in_group(step)
         if step is None:
             return
         if step == chunks.NOTHING_LEFT:
             raise chunks.NothingLeft("the group's first rank found the job merged and its first pod gone")
+        if step == DRAINED:
+            raise drain.Drained("the group's first rank stopped claiming: the pod was told to stop")
         yield step
 
 
@@ -150,6 +162,8 @@ def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool, 
     test = faults.TestKnobs.from_env()
     rendered = 0
     for batch in _batches(todo, job.runtime.spec.generation.batch_size):
+        if state.world.share_in_group(drain.requested() if state.writes else None):
+            _hand_back(job, state, chunk, run, test)
         if sweeping:  # a duplicate may have finished some meanwhile
             batch = state.world.share_in_group([i for i in batch if not state.layout.item_done(i)]
                                                if run is not None else None)
@@ -236,6 +250,19 @@ def _add_written(state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None
         state.progress.item_done(written.item.key, "completed", written.seconds)
         state.timings.setdefault("firstItemSeconds", time.perf_counter() - state.started)
         test.image_written(state.world.layout.rank)
+
+
+def _hand_back(job: Job, state: RunState, chunk: int, run: ChunkRun | None, test: faults.TestKnobs) -> None:
+    """The pod was told to stop in the middle of a chunk: keep what is rendered (the writer
+    threads finish it; whoever takes the chunk next skips those items), give the chunk back."""
+    if run is not None:
+        _threads(state).wait_idle()
+        _add_written(state, run, test)
+        state.layout.abandon_chunk(chunk)
+        chunks.release(state.claims, chunk, state.world.layout.group_index)
+    done = len([e for e in run.entries.values() if e.get("status") != "failed"]) if run is not None else 0
+    raise drain.Drained(f"stopped in chunk {chunk} with {done} of its items written; the chunk is handed back "
+                        "to the other pods")
 
 
 def _end_chunk(job: Job, state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None:

@@ -34,6 +34,7 @@ from muralist_api import contract
 from muralist_api.contract.env import PodEnv
 from muralist_api.job import DiffusionJobSpec
 
+from ..world import drain
 from . import item_failures
 from .claims import ClaimClient
 from .item_failures import JobTally
@@ -109,14 +110,43 @@ def claims_address(env: dict[str, str] | None = None) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def _take(client: ClaimClient, chunk: int, group: int) -> bool:
+    """Own a chunk nobody owns (a lost claim, one handed back): the add that makes the owner
+    exactly group + 1 is the one that found it at 0."""
+    return client.add(f"owner/{chunk}", 0) == 0 and client.add(f"owner/{chunk}", group + 1) == group + 1
+
+
+def release(client: ClaimClient, chunk: int, group: int) -> None:
+    """Hand an unfinished chunk back (a drained group): nobody owns it, and it is listed for the
+    groups that stay until the end (`dynamic_chunks(linger=True)`)."""
+    client.compare_set(f"owner/{chunk}", str(group + 1), "0")
+    client.append("released", f"{chunk},")
+
+
 def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bool], group: int,
-                   tally: Tally | None = None) -> Iterator[tuple[int, bool]]:
-    """(chunk, sweeping) for one group: its own unfinished chunks, claimed ones, then a sweep."""
+                   tally: Tally | None = None, *, linger: float = 0.0,
+                   stop: Callable[[], bool] = lambda: False,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> Iterator[tuple[int, bool]]:
+    """(chunk, sweeping) for one group: its own unfinished chunks, claimed ones, then a sweep.
+
+    `linger` (the first pod's groups of one rank): after the sweep, stay until every chunk is
+    finished and take the chunks that drained groups hand back after the others' sweeps passed
+    them; stop staying once no chunk has finished anywhere for `linger` seconds (the merge's own
+    bound then names what is missing). `stop`: this pod was told to drain; raises drain.Drained
+    instead of claiming."""
+    def claimable() -> bool:
+        if stop():
+            raise drain.Drained("stopped before claiming more work")
+        return True
+
     owned = [int(c) for c in client.text(f"owned/{group}").split(",") if c]
     for chunk in dict.fromkeys(owned):  # claimed by this group before its pod was retried
-        if not done(chunk):
+        # Still this group's, or handed back and not taken since (a drained pod started again).
+        if not done(chunk) and claimable() and (client.add(f"owner/{chunk}", 0) == group + 1
+                                                or _take(client, chunk, group)):
             yield chunk, False
-    while (chunk := client.next_chunk()) < plan.chunks:
+    while claimable() and (chunk := client.next_chunk()) < plan.chunks:
         client.add(f"owner/{chunk}", group + 1)
         client.append(f"owned/{group}", f"{chunk},")
         yield chunk, False
@@ -125,8 +155,21 @@ def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bo
         if done(chunk):
             if tally is not None:
                 tally.count(chunk)  # done before the store's life began: count it now
-        elif client.add(f"owner/{chunk}", 0) == 0 and client.add(f"owner/{chunk}", group + 1) == group + 1:
+        elif claimable() and _take(client, chunk, group):
             yield chunk, True
+    seen, last, since = 0, -1, clock()
+    while linger and (finished := client.add("done", 0)) < plan.chunks:
+        if finished != last:
+            last, since = finished, clock()
+        elif clock() - since >= linger:
+            return
+        released = [int(c) for c in client.text("released").split(",") if c]
+        for chunk in released[seen:]:
+            if not done(chunk) and claimable() and _take(client, chunk, group):
+                yield chunk, True
+        seen = len(released)
+        claimable()
+        sleep(WAIT_SECONDS)
 
 
 def static_chunks(plan: WorkPlan, group: int, groups: int) -> Iterator[tuple[int, bool]]:
@@ -180,6 +223,9 @@ class Tally:
         MergeWaitTimeout once none has finished for `bound` seconds. `holder` names a group."""
         last, since = -1, clock()
         while (done := self.client.add("done", 0)) < chunks:
+            if drain.requested():
+                raise drain.Drained(f"told to stop while waiting to merge ({done} of {chunks} chunks done); the "
+                                    "first pod's next start merges")
             if on_wait is not None:
                 on_wait(done)  # first: a stalled rank of this pod is the more precise cause
             if done != last:

@@ -195,6 +195,12 @@ class ClaimClient:
                     return False
                 self._sleep(PROBE_RETRY_SECONDS)
 
+    def compare_set(self, name: str, expected: str, desired: str) -> str:
+        """Set `name` to `desired` if it holds `expected` (counters hold their decimal text); returns
+        the value after the call."""
+        key = f"{self.namespace}/{name}"
+        return bytes(self._retry(lambda store: store.compare_set(key, expected, desired))).decode()
+
     def append(self, name: str, text: str) -> None:
         """Append to the text value `name` (a list kept in the store, e.g. the chunks a group owns)."""
         key = f"{self.namespace}/{name}"

@@ -23,6 +23,8 @@ def connect(layout: Layout, merged: Callable[[], bool],
     host); `merged`: whether the job in `root` was merged already (its job.json says so)."""
     host, port = chunks.claims_address()
     server = claims.ClaimServer(port) if layout.hosts_store else None
+    if server is not None:
+        host = "127.0.0.1"  # its own store: no DNS needed (the Service's name is for the other pods)
     gone = f"the job was merged in {root} and its first pod is gone"
     if not layout.hosts_store and merged():  # (no server to close: only the host has one)
         probe = claims.ClaimClient(host, port, chunks.NAMESPACE)

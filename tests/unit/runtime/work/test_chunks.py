@@ -183,7 +183,7 @@ class GroupOfTwo:
     are recorded (what the other rank would receive); the other rank is handed `incoming`."""
 
     def __init__(self, first: bool, incoming: list[object] | None = None) -> None:
-        self.layout = SimpleNamespace(writes_images=first, group_index=0)
+        self.layout = SimpleNamespace(writes_images=first, group_index=0, pod_index=0, group_size=2)
         self.shared: list[object] = []
         self.incoming = list(incoming or [])
 
@@ -212,3 +212,82 @@ def test_a_group_ends_together_when_its_first_rank_finds_the_job_over(monkeypatc
     assert next(stream) == (0, False)
     with pytest.raises(chunks.NothingLeft, match="first rank found the job merged"):
         next(stream)
+
+
+def test_a_group_drains_together_when_its_first_rank_is_told_to_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from muralist_runtime.render import claim_loop
+    from muralist_runtime.world import drain
+
+    def claims_then_stops(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        yield 0, False
+        raise drain.Drained("stopped before claiming more work")
+
+    monkeypatch.setattr(chunks, "dynamic_chunks", claims_then_stops)
+    job = SimpleNamespace(work=plan_for(4))
+    first = GroupOfTwo(first=True)
+    with pytest.raises(drain.Drained):
+        list(claim_loop.chunk_stream(job, SimpleNamespace(world=first, claims=None)))
+    assert first.shared == [(0, False), claim_loop.DRAINED]
+    other = claim_loop.chunk_stream(job, SimpleNamespace(world=GroupOfTwo(first=False, incoming=first.shared),
+                                                         claims=None))
+    assert next(other) == (0, False)
+    with pytest.raises(drain.Drained, match="first rank stopped claiming"):
+        next(other)
+
+
+def test_a_chunk_handed_back_late_is_taken_by_a_group_that_stays() -> None:
+    from muralist_runtime.work.claims import ClaimClient, ClaimServer
+    from muralist_runtime.world import drain
+
+    plan = chunks.WorkPlan(0, 3, 1, 1)
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) as store:
+        # Group 1 claimed chunk 2 and is still on it when group 0 has swept everything else.
+        for chunk, owner in ((0, 0), (1, 0), (2, 1)):
+            assert store.next_chunk() == chunk
+            store.add(f"owner/{chunk}", owner + 1)
+        store.add("done", 2)
+        done = {0, 1}
+        clock = Clock(1.0, {3.0: lambda: chunks.release(store, 2, group=1)})  # group 1 drains
+        stream = chunks.dynamic_chunks(store, plan, done.__contains__, group=0, linger=30.0,
+                                       clock=lambda: clock.now, sleep=clock.sleep)
+        assert next(stream) == (2, True), "the handed-back chunk is taken"
+        assert store.add("owner/2", 0) == 1, "and owned by group 0 now"
+        done.add(2)
+        store.add("done", 1)
+        assert list(stream) == [], "every chunk finished: the group stops staying"
+        # A group that did not stay (or a drained pod's retry) finds nothing of it left to take.
+        chunks.release(store, 2, group=1)  # a stale hand-back changes nothing: group 0 holds it
+        assert store.add("owner/2", 0) == 1
+        with pytest.raises(drain.Drained):
+            next(chunks.dynamic_chunks(store, chunks.WorkPlan(0, 4, 1, 1), done.__contains__, group=1,
+                                       stop=lambda: True))
+
+
+def test_staying_ends_when_no_chunk_finishes_for_its_bound() -> None:
+    from muralist_runtime.work.claims import ClaimClient, ClaimServer
+
+    plan = chunks.WorkPlan(0, 2, 1, 1)
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) as store:
+        for chunk in range(2):
+            store.next_chunk()
+            store.add(f"owner/{chunk}", 2)  # group 1 holds both, and is hung
+        clock = Clock(5.0)
+        got = list(chunks.dynamic_chunks(store, plan, lambda c: False, group=0, linger=20.0,
+                                         clock=lambda: clock.now, sleep=clock.sleep))
+    assert got == [] and clock.now == 20.0, "the merge's own bound then names the missing chunks"
+
+
+def test_a_drained_pods_retry_takes_back_its_handed_back_chunk_unless_taken() -> None:
+    from muralist_runtime.work.claims import ClaimClient, ClaimServer
+
+    plan = chunks.WorkPlan(0, 3, 1, 1)
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) as store:
+        for chunk in range(3):
+            store.next_chunk()
+            store.add(f"owner/{chunk}", 1)
+            store.append("owned/0", f"{chunk},")
+        chunks.release(store, 1, group=0)
+        chunks.release(store, 2, group=0)
+        store.add("owner/2", 2)  # group 1 took chunk 2 since
+        got = list(chunks.dynamic_chunks(store, plan, {0}.__contains__, group=0))
+    assert got == [(1, False)], "chunk 1 is taken back, chunk 2 is group 1's now"
