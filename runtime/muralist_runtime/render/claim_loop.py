@@ -57,7 +57,8 @@ def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
             linger = job.runtime.spec.parallelism.collective_timeout_seconds if (
                 layout.pod_index == 0 and layout.group_size == 1) else 0.0
             own = chunks.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
-                                      _tally(job, state), linger=linger, stop=drain.requested)
+                                      _tally(job, state), linger=linger, stop=drain.requested,
+                                      idle=state.progress.idle if linger else _busy)
     while True:
         try:
             step = next(own, None) if own is not None else None
@@ -77,6 +78,10 @@ def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
         if step == DRAINED:
             raise drain.Drained("the group's first rank stopped claiming: the pod was told to stop")
         yield step
+
+
+def _busy(_idle: bool) -> None:
+    """A group that does not stay for handed-back chunks is never idle before it ends."""
 
 
 def _finished(job: Job, chunk: int) -> bool:

@@ -87,6 +87,13 @@ class RankProgress:
         if self.rank_file is not None:
             self.rank_file.update(self.state)
 
+    def idle(self, waiting: bool) -> None:
+        """This rank waits for work that may never come (the first pod's groups at the end of a
+        job, for chunks handed back): quiet by right while it waits, like a finished rank."""
+        self.state.done = waiting
+        if self.rank_file is not None:
+            self.rank_file.update(self.state, force=True)
+
     def finished(self) -> None:
         """This rank has no more work: its silence from now on is expected."""
         self.state.done = True

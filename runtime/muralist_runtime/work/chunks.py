@@ -126,6 +126,7 @@ def release(client: ClaimClient, chunk: int, group: int) -> None:
 def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bool], group: int,
                    tally: Tally | None = None, *, linger: float = 0.0,
                    stop: Callable[[], bool] = lambda: False,
+                   idle: Callable[[bool], None] = lambda _idle: None,
                    clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> Iterator[tuple[int, bool]]:
     """(chunk, sweeping) for one group: its own unfinished chunks, claimed ones, then a sweep.
@@ -133,8 +134,9 @@ def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bo
     `linger` (the first pod's groups of one rank): after the sweep, stay until every chunk is
     finished and take the chunks that drained groups hand back after the others' sweeps passed
     them; stop staying once no chunk has finished anywhere for `linger` seconds (the merge's own
-    bound then names what is missing). `stop`: this pod was told to drain; raises drain.Drained
-    instead of claiming."""
+    bound then names what is missing); `idle` says when it waits there (quiet by right: no stall)
+    and when it renders again. `stop`: this pod was told to drain; raises drain.Drained instead of
+    claiming."""
     def claimable() -> bool:
         if stop():
             raise drain.Drained("stopped before claiming more work")
@@ -158,6 +160,8 @@ def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bo
         elif claimable() and _take(client, chunk, group):
             yield chunk, True
     seen, last, since = 0, -1, clock()
+    if linger:
+        idle(True)
     while linger and (finished := client.add("done", 0)) < plan.chunks:
         if finished != last:
             last, since = finished, clock()
@@ -166,7 +170,9 @@ def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bo
         released = [int(c) for c in client.text("released").split(",") if c]
         for chunk in released[seen:]:
             if not done(chunk) and claimable() and _take(client, chunk, group):
+                idle(False)
                 yield chunk, True
+                idle(True)
         seen = len(released)
         claimable()
         sleep(WAIT_SECONDS)

@@ -248,13 +248,16 @@ def test_a_chunk_handed_back_late_is_taken_by_a_group_that_stays() -> None:
         store.add("done", 2)
         done = {0, 1}
         clock = Clock(1.0, {3.0: lambda: chunks.release(store, 2, group=1)})  # group 1 drains
+        idle: list[bool] = []
         stream = chunks.dynamic_chunks(store, plan, done.__contains__, group=0, linger=30.0,
-                                       clock=lambda: clock.now, sleep=clock.sleep)
+                                       clock=lambda: clock.now, sleep=clock.sleep, idle=idle.append)
         assert next(stream) == (2, True), "the handed-back chunk is taken"
+        assert idle == [True, False], "quiet by right while it waits, rendering again when it takes one"
         assert store.add("owner/2", 0) == 1, "and owned by group 0 now"
         done.add(2)
         store.add("done", 1)
         assert list(stream) == [], "every chunk finished: the group stops staying"
+        assert idle == [True, False, True]
         # A group that did not stay (or a drained pod's retry) finds nothing of it left to take.
         chunks.release(store, 2, group=1)  # a stale hand-back changes nothing: group 0 holds it
         assert store.add("owner/2", 0) == 1
