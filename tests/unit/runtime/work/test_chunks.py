@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 from muralist_api.items import item_seed, row_items
 from muralist_api.job import Generation
+from muralist_runtime.render import claim_loop
 from muralist_runtime.work import chunks
 from muralist_runtime.work.item_failures import JobTally
+from muralist_runtime.world import drain
 from muralist_runtime.world.distributed import Layout
 
 from tests.builders import make_job
@@ -194,50 +196,32 @@ class GroupOfTwo:
         return self.incoming.pop(0)
 
 
-def test_a_group_ends_together_when_its_first_rank_finds_the_job_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    from muralist_runtime.render.claim_loop import chunk_stream
-
-    def claims_then_the_store_is_gone(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        yield 0, False
-        raise chunks.NothingLeft("the job was merged and its first pod is gone")
-
-    monkeypatch.setattr(chunks, "dynamic_chunks", claims_then_the_store_is_gone)
-    job = SimpleNamespace(work=plan_for(4))
-    first = GroupOfTwo(first=True)
-    with pytest.raises(chunks.NothingLeft):
-        list(chunk_stream(job, SimpleNamespace(world=first, claims=None)))
-    assert first.shared == [(0, False), chunks.NOTHING_LEFT]  # the other rank is told, not left in the collective
-    other = GroupOfTwo(first=False, incoming=first.shared)
-    stream = chunk_stream(job, SimpleNamespace(world=other, claims=None))
-    assert next(stream) == (0, False)
-    with pytest.raises(chunks.NothingLeft, match="first rank found the job merged"):
-        next(stream)
-
-
-def test_a_group_drains_together_when_its_first_rank_is_told_to_stop(monkeypatch: pytest.MonkeyPatch) -> None:
-    from muralist_runtime.render import claim_loop
-    from muralist_runtime.world import drain
-
+@pytest.mark.parametrize(("stop", "marker", "told"), [
+    (chunks.NothingLeft("the job was merged and its first pod is gone"), chunks.NOTHING_LEFT,
+     "first rank found the job merged"),
+    (drain.Drained("stopped before claiming more work"), claim_loop.DRAINED, "first rank stopped claiming"),
+], ids=["job-over", "drained"])
+def test_a_group_ends_together_when_its_first_rank_stops(monkeypatch: pytest.MonkeyPatch, stop: Exception,
+                                                         marker: str, told: str) -> None:
     def claims_then_stops(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
         yield 0, False
-        raise drain.Drained("stopped before claiming more work")
+        raise stop
 
     monkeypatch.setattr(chunks, "dynamic_chunks", claims_then_stops)
     job = SimpleNamespace(work=plan_for(4))
     first = GroupOfTwo(first=True)
-    with pytest.raises(drain.Drained):
+    with pytest.raises(type(stop)):
         list(claim_loop.chunk_stream(job, SimpleNamespace(world=first, claims=None)))
-    assert first.shared == [(0, False), claim_loop.DRAINED]
-    other = claim_loop.chunk_stream(job, SimpleNamespace(world=GroupOfTwo(first=False, incoming=first.shared),
-                                                         claims=None))
-    assert next(other) == (0, False)
-    with pytest.raises(drain.Drained, match="first rank stopped claiming"):
-        next(other)
+    assert first.shared == [(0, False), marker]  # the other rank is told, not left in the collective
+    other = GroupOfTwo(first=False, incoming=first.shared)
+    stream = claim_loop.chunk_stream(job, SimpleNamespace(world=other, claims=None))
+    assert next(stream) == (0, False)
+    with pytest.raises(type(stop), match=told):
+        next(stream)
 
 
 def test_a_chunk_handed_back_late_is_taken_by_a_group_that_stays() -> None:
     from muralist_runtime.work.claims import ClaimClient, ClaimServer
-    from muralist_runtime.world import drain
 
     plan = chunks.WorkPlan(0, 3, 1, 1)
     with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) as store:
