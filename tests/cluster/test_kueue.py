@@ -139,7 +139,8 @@ def test_a_queued_job_waits_for_admission_then_runs_to_the_end(dj: DJ, cluster_q
     admitted = admitted_workload(dj, "cats")
     assignment = admitted["status"]["admission"]["podSetAssignments"][0]
     assert assignment["flavors"]["nvidia.com/gpu"] == FLAVOR and assignment["count"] == 2
-    assert not job_suspended(dj, "cats")
+    # Admitted first, then Kueue's Job reconciler unsuspends the Job.
+    wait_for(lambda: not job_suspended(dj, "cats"), message="Kueue to unsuspend Job cats")
     pods = dj.wait_pods("cats", 2)
     # Kueue starts the Job with its flavor's node labels in the pod template.
     assert all(p.spec.node_selector.get("type") == "kwok" for p in pods)
