@@ -143,7 +143,7 @@ def test_a_queued_job_waits_for_admission_then_runs_to_the_end(dj: DJ, cluster_q
     wait_for(lambda: not job_suspended(dj, "cats"), message="Kueue to unsuspend Job cats")
     pods = dj.wait_pods("cats", 2)
     # Kueue starts the Job with its flavor's node labels in the pod template.
-    assert all(p.spec.node_selector.get("type") == "kwok" for p in pods)
+    assert all((p.spec.node_selector or {}).get("type") == "kwok" for p in pods)
     dj.wait_phase("cats", "Running")
 
     done = finish(dj, "cats", 2)
@@ -260,5 +260,5 @@ def test_required_topology_reaches_the_pods_and_places_them(dj: DJ, tas_cluster_
     assert all(p.metadata.annotations[REQUIRED_TOPOLOGY] == HOSTNAME for p in pods)
     # Kueue's topology ungater placed both on the one host it assigned.
     assert len({p.spec.node_name for p in pods}) == 1
-    assert {p.spec.node_selector.get(HOSTNAME) for p in pods} == {pods[0].spec.node_name}
+    assert {(p.spec.node_selector or {}).get(HOSTNAME) for p in pods} == {pods[0].spec.node_name}
     assert finish(dj, "cats", 2)["progress"]["summary"] == "2/2"
