@@ -2,6 +2,8 @@
 # Build the binaries of Muralist's test clusters from Go modules, at pinned versions:
 #   control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm,
 #   and kwokctl (sigs.k8s.io/kwok's cluster tool, same module and version as kwok);
+#   Kueue's manager (`kueue`) with its CRDs (bin/kueue-crds/, copied from the module at build time
+#   so the tests that install them need no network);
 #   a real node (hack/real-node.py): kubelet, and CoreDNS for the cluster domain;
 #   for the chart's monitoring: promtool (Prometheus' rule checker), and dashboard-check
 #   (hack/dashboard-check: the dashboard JSON against grafana-foundation-sdk's dashboard types).
@@ -108,6 +110,22 @@ build_dashboard_check() {
     rm -rf "${tmp}"
 }
 
+# Kueue's go.mod has no replace directives: `go install` builds its manager. The CRDs come from
+# the same module version, found in the module cache (downloaded first: its `Dir` is where they are), and
+# are installed before the binary so a stamped binary always has its CRDs next to it.
+build_kueue() {
+    local dir crds
+    dir="$(go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+    crds="$(mktemp -d "${CACHE_DIR}/tmp.XXXXXX")"
+    cp "${dir}/config/components/crd/bases/"*.yaml "${crds}/"
+    chmod -R u+w,go+rX "${crds}"
+    rm -rf "${BIN_DIR}/kueue-crds"
+    mv "${crds}" "${BIN_DIR}/kueue-crds"
+    go_install kueue sigs.k8s.io/kueue/cmd/kueue "${KUEUE_VERSION}" \
+        "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}"
+}
+
 main() {
     lock_cache
     is_current etcd "${ETCD_VERSION}" || build_etcd
@@ -132,6 +150,8 @@ main() {
     is_current promtool "${PROMETHEUS_VERSION}" ||
         go_install promtool github.com/prometheus/prometheus/cmd/promtool "${PROMETHEUS_VERSION}" \
             "-s -w -X github.com/prometheus/common/version.Version=$(prometheus_release)"
+    # The CRDs directory is part of what a current kueue means (a cache from before it was added).
+    { is_current kueue "${KUEUE_VERSION}" && [[ -d "${BIN_DIR}/kueue-crds" ]]; } || build_kueue
     is_current dashboard-check "$(dashboard_check_stamp)" || build_dashboard_check
     echo "${BIN_DIR}"
 }

@@ -1,0 +1,264 @@
+"""Queued DiffusionJobs under Kueue's real manager (tests/kueue_plugin.py): admission, preemption.
+
+kwok plays the pods (tests/kube_helpers.py set_pod_fate decides how they end); the two fake nodes
+have 8 GPUs each (hack/controlplane.py), and the ClusterQueue's GPU quota is exactly those 16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.builders import make_job
+from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
+from tests.kueue_plugin import GROUP, VERSION, Kueue
+from tests.operator_helpers import DJ
+
+pytestmark = pytest.mark.cluster
+
+FLAVOR = "kwok-gpu"
+CLUSTER_QUEUE = "gpus"
+LOCAL_QUEUE = "gpu-batch"
+NODE_GPUS = 16
+LOW, HIGH = "muralist-test-low", "muralist-test-high"
+
+
+@pytest.fixture(autouse=True)
+def kueue_lives(kueue: Kueue) -> Iterator[None]:
+    """A manager that died mid-test shows as timeouts: say so."""
+    yield
+    kueue.alive()
+
+
+def create_local_queue(dj: DJ) -> None:
+    dj.custom.create_namespaced_custom_object(
+        GROUP, VERSION, dj.ns, "localqueues",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LocalQueue",
+         "metadata": {"name": LOCAL_QUEUE}, "spec": {"clusterQueue": CLUSTER_QUEUE}},
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster_queue(kueue: Kueue, kube_api: Any) -> Iterator[str]:
+    """One flavor for the kwok nodes, a ClusterQueue with their GPUs as quota, two priorities."""
+    custom = client.CustomObjectsApi(kube_api)
+    scheduling = client.SchedulingV1Api(kube_api)
+    custom.create_cluster_custom_object(
+        GROUP, VERSION, "resourceflavors",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR},
+         "spec": {"nodeLabels": {"type": "kwok"}}},
+    )
+    custom.create_cluster_custom_object(
+        GROUP, VERSION, "clusterqueues",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ClusterQueue",
+            "metadata": {"name": CLUSTER_QUEUE},
+            "spec": {
+                "namespaceSelector": {},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [{
+                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                    "flavors": [{"name": FLAVOR, "resources": [
+                        {"name": "cpu", "nominalQuota": "64"},
+                        {"name": "memory", "nominalQuota": "512Gi"},
+                        {"name": "nvidia.com/gpu", "nominalQuota": str(NODE_GPUS)},
+                    ]}],
+                }],
+            },
+        },
+    )
+    for name, value in ((LOW, 100), (HIGH, 1000)):
+        scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+
+    def active() -> bool:
+        got = custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", CLUSTER_QUEUE)
+        return any(c["type"] == "Active" and c["status"] == "True" for c in got.get("status", {}).get("conditions", []))
+
+    wait_for(active, timeout=60, message=f"ClusterQueue {CLUSTER_QUEUE} active")
+    try:
+        yield CLUSTER_QUEUE
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, "clusterqueues", CLUSTER_QUEUE)
+        custom.delete_cluster_custom_object(GROUP, VERSION, "resourceflavors", FLAVOR)
+        for name in (LOW, HIGH):
+            scheduling.delete_priority_class(name)
+
+
+def workload(dj: DJ, job_name: str) -> dict[str, Any]:
+    """The Workload Kueue made for the DiffusionJob's Job (owned by the Job); {} while there is none."""
+    items = dj.custom.list_namespaced_custom_object(GROUP, VERSION, dj.ns, "workloads")["items"]
+    return next((w for w in items if any(o["kind"] == "Job" and o["name"] == job_name
+                                         for o in w["metadata"].get("ownerReferences", []))), {})
+
+
+def admitted_workload(dj: DJ, job_name: str) -> dict[str, Any]:
+    def admitted() -> dict[str, Any]:
+        found = workload(dj, job_name)
+        return found if condition(found, "Admitted") else {}
+
+    return wait_for(admitted, timeout=60, message=f"Kueue to admit the Workload of Job {job_name}")
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The object's condition `kind` if it is True; {} otherwise."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind and c["status"] == "True"), {})
+
+
+def job_suspended(dj: DJ, name: str) -> bool:
+    return bool(dj.batch.read_namespaced_job(name, dj.ns).spec.suspend)
+
+
+def queued(name: str, nodes: int, gpus: int, **template: Any) -> Any:
+    return (make_job(name).world(nodes=nodes, gpus=gpus).run_policy(queueName=LOCAL_QUEUE)
+            .pod_template(annotations=fate_annotations("run"), **template))
+
+
+def finish(dj: DJ, name: str, count: int) -> dict[str, Any]:
+    for pod in dj.wait_pods(name, count):
+        set_pod_fate(dj.core, pod.metadata.name, dj.ns, "succeed", after="100ms")
+    return dj.wait_phase(name, "Succeeded")
+
+
+def test_a_queued_job_waits_for_admission_then_runs_to_the_end(dj: DJ, cluster_queue: str) -> None:
+    # No LocalQueue yet: Kueue makes the Workload but cannot admit it.
+    dj.create(queued("cats", nodes=2, gpus=8).obj())
+    pending = wait_for(lambda: workload(dj, "cats"), message="the Workload of Job cats")
+    assert pending["spec"]["queueName"] == LOCAL_QUEUE
+    assert pending["spec"]["podSets"][0]["count"] == 2
+    assert not condition(pending, "QuotaReserved") and not condition(pending, "Admitted")
+    waiting = dj.wait_phase("cats", "Suspended")
+    assert waiting["message"] == f"waiting for Kueue to admit it from queue {LOCAL_QUEUE}"
+    assert job_suspended(dj, "cats") and not dj.pods("cats")
+
+    create_local_queue(dj)
+    admitted = admitted_workload(dj, "cats")
+    assignment = admitted["status"]["admission"]["podSetAssignments"][0]
+    assert assignment["flavors"]["nvidia.com/gpu"] == FLAVOR and assignment["count"] == 2
+    # Admitted first, then Kueue's Job reconciler unsuspends the Job.
+    wait_for(lambda: not job_suspended(dj, "cats"), message="Kueue to unsuspend Job cats")
+    pods = dj.wait_pods("cats", 2)
+    # Kueue starts the Job with its flavor's node labels in the pod template.
+    assert all((p.spec.node_selector or {}).get("type") == "kwok" for p in pods)
+    dj.wait_phase("cats", "Running")
+
+    done = finish(dj, "cats", 2)
+    assert done["progress"]["summary"] == "2/2"
+    wait_for(lambda: condition(workload(dj, "cats"), "Finished"), message="the Workload to finish")
+
+
+def test_a_higher_priority_job_preempts_a_running_one(dj: DJ, cluster_queue: str) -> None:
+    create_local_queue(dj)
+    dj.create(queued("low", nodes=2, gpus=8, priorityClassName=LOW).obj())
+    low_pods = dj.wait_pods("low", 2)
+    dj.wait_phase("low", "Running")
+    low_job = dj.batch.read_namespaced_job("low", dj.ns)
+    assert admitted_workload(dj, "low")["spec"]["priority"] == 100
+
+    # The low job holds all 16 GPUs of the quota; the high one needs 8 of them.
+    dj.create(queued("high", nodes=1, gpus=8, priorityClassName=HIGH).obj())
+    evicted = wait_for(lambda: condition(workload(dj, "low"), "Evicted"), timeout=60,
+                       message="Kueue to evict the low job's Workload")
+    assert evicted["reason"] == "Preempted"
+    wait_for(lambda: job_suspended(dj, "low"), message="the low job's Job suspended by Kueue")
+    wait_for(lambda: not dj.pods("low"), timeout=60, message="the low job's pods gone")
+    low = dj.wait_phase("low", "Suspended")
+    assert low["message"] == f"waiting for Kueue to admit it from queue {LOCAL_QUEUE}"
+    # Preemption suspends: the Job, its Service and spec ConfigMap stay (same objects).
+    assert dj.batch.read_namespaced_job("low", dj.ns).metadata.uid == low_job.metadata.uid
+    assert dj.core.read_namespaced_service("low", dj.ns) and dj.core.read_namespaced_config_map("low-spec", dj.ns)
+
+    high_pods = dj.wait_pods("high", 1)
+    assert high_pods[0].spec.priority == 1000
+    dj.wait_phase("high", "Running")
+    # 8 GPUs are free while the high job runs, but the low one needs 16: it waits.
+    assert job_suspended(dj, "low")
+    finish(dj, "high", 1)
+
+    # Re-admitted once the quota is back: new pods for both indexes, run to the end.
+    wait_for(lambda: not job_suspended(dj, "low"), timeout=60, message="the low job re-admitted")
+    again = dj.wait_pods("low", 2)
+    assert not {p.metadata.uid for p in again} & {p.metadata.uid for p in low_pods}
+    done = finish(dj, "low", 2)
+    assert done["progress"]["summary"] == "2/2"
+    # The pods the suspension deleted count as no failure of their indexes.
+    assert done.get("restarts", 0) == 0 and not done.get("indexes")
+    assert dj.batch.read_namespaced_job("low", dj.ns).metadata.uid == low_job.metadata.uid
+
+
+TAS_FLAVOR, TAS_CLUSTER_QUEUE, TAS_LOCAL_QUEUE, TOPOLOGY = "kwok-hosts", "gpus-by-host", "by-host", "hosts"
+HOSTNAME = "kubernetes.io/hostname"
+REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+
+
+@pytest.fixture(scope="module")
+def tas_cluster_queue(kueue: Kueue, kube_api: Any) -> Iterator[str]:
+    """Topology-aware scheduling over the kwok nodes: one topology level, the host."""
+    custom = client.CustomObjectsApi(kube_api)
+    custom.create_cluster_custom_object(
+        GROUP, VERSION, "topologies",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Topology", "metadata": {"name": TOPOLOGY},
+         "spec": {"levels": [{"nodeLabel": HOSTNAME}]}},
+    )
+    custom.create_cluster_custom_object(
+        GROUP, VERSION, "resourceflavors",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceFlavor", "metadata": {"name": TAS_FLAVOR},
+         "spec": {"nodeLabels": {"type": "kwok"}, "topologyName": TOPOLOGY}},
+    )
+    custom.create_cluster_custom_object(
+        GROUP, VERSION, "clusterqueues",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ClusterQueue",
+            "metadata": {"name": TAS_CLUSTER_QUEUE},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [{
+                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                    "flavors": [{"name": TAS_FLAVOR, "resources": [
+                        {"name": "cpu", "nominalQuota": "64"},
+                        {"name": "memory", "nominalQuota": "512Gi"},
+                        {"name": "nvidia.com/gpu", "nominalQuota": str(NODE_GPUS)},
+                    ]}],
+                }],
+            },
+        },
+    )
+
+    def active() -> bool:
+        got = custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", TAS_CLUSTER_QUEUE)
+        return any(c["type"] == "Active" and c["status"] == "True" for c in got.get("status", {}).get("conditions", []))
+
+    wait_for(active, timeout=60, message=f"ClusterQueue {TAS_CLUSTER_QUEUE} active")
+    try:
+        yield TAS_CLUSTER_QUEUE
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, "clusterqueues", TAS_CLUSTER_QUEUE)
+        custom.delete_cluster_custom_object(GROUP, VERSION, "resourceflavors", TAS_FLAVOR)
+        custom.delete_cluster_custom_object(GROUP, VERSION, "topologies", TOPOLOGY)
+
+
+def test_required_topology_reaches_the_pods_and_places_them(dj: DJ, tas_cluster_queue: str) -> None:
+    dj.custom.create_namespaced_custom_object(
+        GROUP, VERSION, dj.ns, "localqueues",
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LocalQueue",
+         "metadata": {"name": TAS_LOCAL_QUEUE}, "spec": {"clusterQueue": tas_cluster_queue}},
+    )
+    # Two pods of 4 GPUs that must share one host (a kwok node has 8).
+    dj.create(
+        make_job("cats").world(nodes=2, gpus=4).run_policy(queueName=TAS_LOCAL_QUEUE)
+        .pod_template(annotations={**fate_annotations("run"), REQUIRED_TOPOLOGY: HOSTNAME}).obj()
+    )
+    admitted = admitted_workload(dj, "cats")
+    assert admitted["spec"]["podSets"][0]["topologyRequest"]["required"] == HOSTNAME
+    assert admitted["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]
+    pods = dj.wait_pods("cats", 2)
+    assert all(p.metadata.annotations[REQUIRED_TOPOLOGY] == HOSTNAME for p in pods)
+    # Kueue's topology ungater placed both on the one host it assigned.
+    assert len({p.spec.node_name for p in pods}) == 1
+    assert {(p.spec.node_selector or {}).get(HOSTNAME) for p in pods} == {pods[0].spec.node_name}
+    assert finish(dj, "cats", 2)["progress"]["summary"] == "2/2"
