@@ -38,7 +38,8 @@ from muralist_api.storage import join_uri
 
 LABEL_JOB = "muralist.dev/job-name"
 LABEL_COMPONENT = "app.kubernetes.io/component"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
+KUEUE_QUEUE_LABEL = KUEUE_LABEL_PREFIX + "queue-name"
 BASE_LABELS = {"app.kubernetes.io/name": "muralist", "app.kubernetes.io/managed-by": "muralist-operator"}
 
 CONTAINER_NAME = "runtime"
@@ -458,7 +459,10 @@ def render_job(
     out of retries, or a permanent failure (exit 78), fails the Job."""
     nodes = job.spec.parallelism.nodes
     policy = job.spec.run_policy
-    labels = {**job_labels(job), LABEL_COMPONENT: "workers"}
+    # Kueue reads its labels from the Job (a WorkloadPriorityClass: kueue.x-k8s.io/priority-class):
+    # the pods' own Kueue labels go on the Job too.
+    kueue = {k: v for k, v in job.spec.pod_template.labels.items() if k.startswith(KUEUE_LABEL_PREFIX)}
+    labels = {**kueue, **job_labels(job), LABEL_COMPONENT: "workers"}
     if policy.queue_name:
         labels[KUEUE_QUEUE_LABEL] = policy.queue_name
     spec: dict[str, Any] = {

@@ -281,6 +281,16 @@ def test_suspend_and_kueue(policy: dict, suspended: bool, queue_label: str | Non
     assert job_obj["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == queue_label
 
 
+def test_kueue_labels_of_the_pods_go_on_the_job_where_kueue_reads_them() -> None:
+    labels = {"kueue.x-k8s.io/priority-class": "batch-high", "team": "vision"}
+    job_obj = render_children(make_job().run_policy(queueName="gpu-batch").pod_template(labels=labels).job(), "ns",
+                              SETTINGS).job
+    on_job = job_obj["metadata"]["labels"]
+    assert on_job["kueue.x-k8s.io/priority-class"] == "batch-high" and "team" not in on_job
+    assert on_job["kueue.x-k8s.io/queue-name"] == "gpu-batch"
+    assert job_obj["spec"]["template"]["metadata"]["labels"]["team"] == "vision"
+
+
 def pod_env(job_obj: dict[str, Any], index: int, failures: int = 0) -> dict[str, str]:
     """What the kubelet gives pod `index`: plain values, field references resolved."""
     resolved = {"metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index),
