@@ -77,3 +77,37 @@ def test_a_job_shrunk_while_running_loses_nothing_and_renders_nothing_twice(
     log, _ = follow.communicate(timeout=120)
     assert "muralist: drained: stopped" in log, log[-3000:]
     assert "Traceback" not in log and "ChildFailedError" not in log, log[-3000:]
+
+
+@needs_runtime
+def test_an_evicted_pod_drains_and_is_started_again_without_counting_as_a_failure(
+    real_cluster: RealCluster, real_dj: DJ, e2e_namespace: str, host_volume: Path
+) -> None:
+    from kubernetes import client
+
+    job = quickstart_on_two_pods(e2e_namespace, host_volume, name="evicted")
+    job["spec"]["generation"].update({"imagesPerPrompt": 8, "steps": 8})
+    real_dj.create(job)
+    out = host_volume / "evicted"
+    total = len(expected_keys(job))
+    wait_for(lambda: list(ranks(out).values()).count(1) >= 2, timeout=RUN_TIMEOUT, interval=0.2,
+             message="the second pod's first images on the volume")
+    victim = real_dj.pods("evicted", index=1)[0]
+    before = {key: (p.stat().st_ino, p.stat().st_mtime_ns) for key, p in image_files(out).items()}
+    # What a node drain or the scheduler's preemption does: the eviction API (DisruptionTarget, then SIGTERM).
+    client.CoreV1Api(real_cluster.api).create_namespaced_pod_eviction(
+        victim.metadata.name, e2e_namespace,
+        client.V1Eviction(metadata=client.V1ObjectMeta(name=victim.metadata.name, namespace=e2e_namespace)))
+    assert len(before) < total, "the job finished before the eviction: make it longer"
+    try:
+        status = wait_done(real_dj, "evicted")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{pod_logs(real_cluster, e2e_namespace, 'evicted')}") from None
+    # Started again (the index has a new pod: exit 143, not 0, which would have ended the index),
+    # and not counted against maxRestarts.
+    assert status["restarts"] == 0 and not status.get("indexes"), status
+    again = [p for p in real_dj.pods("evicted", index=1) if p.metadata.uid != victim.metadata.uid]
+    assert [p.status.phase for p in again] == ["Succeeded"], again
+    assert_complete_output(out, job)
+    after = {key: (p.stat().st_ino, p.stat().st_mtime_ns) for key, p in image_files(out).items()}
+    assert {key: after[key] for key in before} == before, "what was written before the eviction was kept"
