@@ -26,6 +26,27 @@ NODE_GPUS = 16
 LOW, HIGH = "muralist-test-low", "muralist-test-high"
 
 
+def quota(flavor: str) -> list[dict[str, Any]]:
+    """A ClusterQueue's resource groups: the kwok nodes' GPUs, and CPU and memory to spare."""
+    return [{
+        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+        "flavors": [{"name": flavor, "resources": [
+            {"name": "cpu", "nominalQuota": "64"},
+            {"name": "memory", "nominalQuota": "512Gi"},
+            {"name": "nvidia.com/gpu", "nominalQuota": str(NODE_GPUS)},
+        ]}],
+    }]
+
+
+def wait_active(custom: Any, cluster_queue: str) -> None:
+    """Until Kueue says the ClusterQueue can admit (its flavors and quotas are known)."""
+    def active() -> bool:
+        got = custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", cluster_queue)
+        return any(c["type"] == "Active" and c["status"] == "True" for c in got.get("status", {}).get("conditions", []))
+
+    wait_for(active, timeout=60, message=f"ClusterQueue {cluster_queue} active")
+
+
 @pytest.fixture(autouse=True)
 def kueue_lives(kueue: Kueue) -> Iterator[None]:
     """A manager that died mid-test shows as timeouts: say so."""
@@ -60,25 +81,14 @@ def cluster_queue(kueue: Kueue, kube_api: Any) -> Iterator[str]:
             "spec": {
                 "namespaceSelector": {},
                 "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [{
-                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                    "flavors": [{"name": FLAVOR, "resources": [
-                        {"name": "cpu", "nominalQuota": "64"},
-                        {"name": "memory", "nominalQuota": "512Gi"},
-                        {"name": "nvidia.com/gpu", "nominalQuota": str(NODE_GPUS)},
-                    ]}],
-                }],
+                "resourceGroups": quota(FLAVOR),
             },
         },
     )
     for name, value in ((LOW, 100), (HIGH, 1000)):
         scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
 
-    def active() -> bool:
-        got = custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", CLUSTER_QUEUE)
-        return any(c["type"] == "Active" and c["status"] == "True" for c in got.get("status", {}).get("conditions", []))
-
-    wait_for(active, timeout=60, message=f"ClusterQueue {CLUSTER_QUEUE} active")
+    wait_active(custom, CLUSTER_QUEUE)
     try:
         yield CLUSTER_QUEUE
     finally:
@@ -217,23 +227,12 @@ def tas_cluster_queue(kueue: Kueue, kube_api: Any) -> Iterator[str]:
             "metadata": {"name": TAS_CLUSTER_QUEUE},
             "spec": {
                 "namespaceSelector": {},
-                "resourceGroups": [{
-                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                    "flavors": [{"name": TAS_FLAVOR, "resources": [
-                        {"name": "cpu", "nominalQuota": "64"},
-                        {"name": "memory", "nominalQuota": "512Gi"},
-                        {"name": "nvidia.com/gpu", "nominalQuota": str(NODE_GPUS)},
-                    ]}],
-                }],
+                "resourceGroups": quota(TAS_FLAVOR),
             },
         },
     )
 
-    def active() -> bool:
-        got = custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", TAS_CLUSTER_QUEUE)
-        return any(c["type"] == "Active" and c["status"] == "True" for c in got.get("status", {}).get("conditions", []))
-
-    wait_for(active, timeout=60, message=f"ClusterQueue {TAS_CLUSTER_QUEUE} active")
+    wait_active(custom, TAS_CLUSTER_QUEUE)
     try:
         yield TAS_CLUSTER_QUEUE
     finally:

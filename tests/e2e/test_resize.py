@@ -8,6 +8,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,23 +39,34 @@ def ranks(out: Path) -> dict[str, int]:
     return found
 
 
+def started_on_two_pods(dj: DJ, namespace: str, volume: Path, name: str) -> tuple[dict[str, Any], Path]:
+    """The real-node quickstart as 64 images on two pods, once the second pod has written two."""
+    job = quickstart_on_two_pods(namespace, volume, name=name)
+    job["spec"]["generation"].update({"imagesPerPrompt": 8, "steps": 8})  # time to act part-way
+    dj.create(job)
+    out = volume / name
+    wait_for(lambda: list(ranks(out).values()).count(1) >= 2, timeout=RUN_TIMEOUT, interval=0.2,
+             message="the second pod's first images on the volume")
+    return job, out
+
+
+def written(out: Path) -> dict[str, tuple[int, int]]:
+    """Each image's inode and modification time: an image rendered again would change both."""
+    return {key: (p.stat().st_ino, p.stat().st_mtime_ns) for key, p in image_files(out).items()}
+
+
 @needs_runtime
 def test_a_job_shrunk_while_running_loses_nothing_and_renders_nothing_twice(
     real_cluster: RealCluster, real_dj: DJ, e2e_namespace: str, host_volume: Path
 ) -> None:
-    job = quickstart_on_two_pods(e2e_namespace, host_volume, name="shrink")
-    job["spec"]["generation"].update({"imagesPerPrompt": 8, "steps": 8})  # 64 images: time to shrink part-way
-    real_dj.create(job)
-    out = host_volume / "shrink"
+    job, out = started_on_two_pods(real_dj, e2e_namespace, host_volume, "shrink")
     total = len(expected_keys(job))
-    wait_for(lambda: list(ranks(out).values()).count(1) >= 2, timeout=RUN_TIMEOUT, interval=0.2,
-             message="the second pod's first images on the volume")
     second = real_dj.pods("shrink", index=1)[0]
     # Its log, followed to its end (the pod object goes once the Job controller has counted it).
     follow = subprocess.Popen([str(real_cluster.bin_dir / "kubectl"), f"--kubeconfig={real_cluster.kubeconfig}",
                                "logs", "-f", "-n", e2e_namespace, second.metadata.name],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    before = {key: (p.stat().st_ino, p.stat().st_mtime_ns) for key, p in image_files(out).items()}
+    before = written(out)
     signalled = time.time()
     real_cluster.kubectl("scale", "-n", e2e_namespace, "dj/shrink", "--replicas=1")
     assert len(before) < total, "the job finished before the resize: make it longer"
@@ -68,7 +80,7 @@ def test_a_job_shrunk_while_running_loses_nothing_and_renders_nothing_twice(
     assert_complete_output(out, job)
     # What was on the volume at the resize was kept, not rendered again; the second pod wrote at
     # most its item in flight after the signal (and the one before it, if the signal came first).
-    after = {key: (p.stat().st_ino, p.stat().st_mtime_ns) for key, p in image_files(out).items()}
+    after = written(out)
     assert {key: after[key] for key in before} == before
     late = [k for k, r in ranks(out).items() if r == 1 and k not in before
             and (out / "images" / f"{k}.png").stat().st_mtime > signalled]
@@ -85,15 +97,10 @@ def test_an_evicted_pod_drains_and_is_started_again_without_counting_as_a_failur
 ) -> None:
     from kubernetes import client
 
-    job = quickstart_on_two_pods(e2e_namespace, host_volume, name="evicted")
-    job["spec"]["generation"].update({"imagesPerPrompt": 8, "steps": 8})
-    real_dj.create(job)
-    out = host_volume / "evicted"
+    job, out = started_on_two_pods(real_dj, e2e_namespace, host_volume, "evicted")
     total = len(expected_keys(job))
-    wait_for(lambda: list(ranks(out).values()).count(1) >= 2, timeout=RUN_TIMEOUT, interval=0.2,
-             message="the second pod's first images on the volume")
     victim = real_dj.pods("evicted", index=1)[0]
-    before = {key: (p.stat().st_ino, p.stat().st_mtime_ns) for key, p in image_files(out).items()}
+    before = written(out)
     # What a node drain or the scheduler's preemption does: the eviction API (DisruptionTarget, then SIGTERM).
     client.CoreV1Api(real_cluster.api).create_namespaced_pod_eviction(
         victim.metadata.name, e2e_namespace,
@@ -109,5 +116,5 @@ def test_an_evicted_pod_drains_and_is_started_again_without_counting_as_a_failur
     again = [p for p in real_dj.pods("evicted", index=1) if p.metadata.uid != victim.metadata.uid]
     assert [p.status.phase for p in again] == ["Succeeded"], again
     assert_complete_output(out, job)
-    after = {key: (p.stat().st_ino, p.stat().st_mtime_ns) for key, p in image_files(out).items()}
+    after = written(out)
     assert {key: after[key] for key in before} == before, "what was written before the eviction was kept"
