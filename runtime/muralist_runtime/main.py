@@ -48,7 +48,7 @@ from muralist_api.runtime_spec import RuntimeSpec
 from pydantic import ValidationError
 
 from .model import loading
-from .outputs import job_folder, merge, storage
+from .outputs import job_folder, merge
 from .outputs.temps import TempRemoved
 from .plan import model as model_plan
 from .plan import work as work_plan
@@ -111,7 +111,6 @@ def _quiet_libraries() -> None:
 # world).
 def check_spec(spec_path: str) -> Job:
     runtime = read_spec(spec_path)
-    storage.mount(runtime)  # spec.output.uri: the output tree's files go to object storage
     source_rows, plan_of_work, first = work_plan.plan_work(runtime)
     strategy, plan, source, revision, gpu = model_plan.plan_model(runtime)
     return Job(runtime, strategy, plan, source_rows, plan_of_work, first, source, revision, gpu)

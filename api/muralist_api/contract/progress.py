@@ -96,7 +96,8 @@ class ProgressReport(BaseModel):
     last_image_time: AwareDatetime | None = None
     sent_at: AwareDatetime
     final: bool
-    # The wire's `done`: this pod's ranks have no more work (claimed items all finished); its
+    # The wire's `done`: this pod's ranks have no more work (claimed items all finished), or wait
+    # for work that may never come (the first pod's ranks, for chunks handed back at the end); its
     # silence from here on is no stall. Optional: older runtimes do not send it.
     finished: bool = Field(default=False, alias="done")
 

@@ -8,7 +8,7 @@ from muralist_api.runtime_spec import RuntimeSpec
 
 from ..work.chunks import WorkPlan
 from ..world.distributed import Layout
-from . import layouts, writer
+from . import layouts, storage, writer
 from .layouts import FilesLayout, WebDatasetLayout
 
 
@@ -16,6 +16,7 @@ def open_job_folder(runtime: RuntimeSpec, work: WorkPlan,
                     layout: Layout) -> tuple[writer.JobFile, WorkPlan, FilesLayout | WebDatasetLayout | None]:
     """The job file, the plan of work as the folder has it, and this rank's output layout (None on
     a rank that writes nothing). The first pod's first rank writes job.json: the world it runs in."""
+    storage.mount(runtime)  # spec.output.uri: the output tree's files go to object storage
     jobfile = writer.JobFile(runtime)
     # A folder resumed keeps its own chunks (its part files name them), whatever this world is.
     work = layouts.resumed_plan(runtime, work, jobfile.check_existing())

@@ -89,8 +89,8 @@ class RankProgress:
 
     def idle(self, waiting: bool) -> None:
         """This rank waits for work that may never come (the first pod's groups at the end of a
-        job, for chunks handed back): quiet by right while it waits, like a finished rank."""
-        self.state.done = waiting
+        job, for chunks handed back): quiet by right while it waits, though not done."""
+        self.state.idle = waiting
         if self.rank_file is not None:
             self.rank_file.update(self.state, force=True)
 

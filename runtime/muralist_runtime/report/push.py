@@ -83,7 +83,7 @@ class PodReporter:
                               ranks=pod.ranks, **asdict(pod.counts), last_step_time=moment(pod.last_step_time),
                               last_image_time=moment(pod.last_image_time),
                               sent_at=datetime.datetime.now(datetime.UTC).replace(microsecond=0),
-                              final=final, finished=pod.done)
+                              final=final, finished=pod.quiet)
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:

@@ -45,10 +45,13 @@ class RankState:
     last_image_time: str | None = None
     done: bool = False
     cache_sample: CacheSample | None = None  # generation.cache.verify's items this rank measured
+    # Waiting for work that may never come (chunks handed back at the end): quiet by right, like a
+    # done rank, for the stall policy; not done, for its pod's first rank, which waits for it.
+    idle: bool = False
 
     def to_json(self) -> str:
         doc = {**asdict(self.counts), "jobTotal": self.job_total, "lastStepTime": self.last_step_time,
-               "lastImageTime": self.last_image_time, "done": self.done}
+               "lastImageTime": self.last_image_time, "done": self.done, "idle": self.idle}
         if self.cache_sample is not None:
             doc["cacheVerify"] = self.cache_sample.to_wire()
         return json.dumps(doc)
@@ -58,7 +61,7 @@ class RankState:
         doc = json.loads(text)
         return cls(Counts(*(int(doc.get(k, 0)) for k in ("completed", "skipped", "failed", "total"))),
                    int(doc.get("jobTotal", 0)), doc.get("lastStepTime"), doc.get("lastImageTime"),
-                   bool(doc.get("done")), CacheSample.from_wire(doc.get("cacheVerify")))
+                   bool(doc.get("done")), CacheSample.from_wire(doc.get("cacheVerify")), bool(doc.get("idle")))
 
 
 def progress_dir(env: dict[str, str] | None = None) -> Path:
@@ -123,6 +126,7 @@ class PodState:
     last_image_time: str | None = None
     done: bool = True
     cache_sample: CacheSample | None = None
+    quiet: bool = True  # every rank done or idle: no progress is expected of the pod
 
 
 def read_pod(directories: list[Path]) -> PodState:
@@ -142,9 +146,11 @@ def read_pod(directories: list[Path]) -> PodState:
             pod.last_step_time = max(filter(None, (pod.last_step_time, one.last_step_time)), default=None)
             pod.last_image_time = max(filter(None, (pod.last_image_time, one.last_image_time)), default=None)
             pod.done = pod.done and one.done
+            pod.quiet = pod.quiet and (one.done or one.idle)
             if one.cache_sample is not None:
                 pod.cache_sample = one.cache_sample.combine(pod.cache_sample)
     pod.done = pod.done and pod.ranks > 0
+    pod.quiet = pod.quiet and pod.ranks > 0
     return pod
 
 

@@ -53,3 +53,16 @@ def test_the_pod_waits_for_its_ranks_and_fails_on_a_stalled_one(tmp_path: Path) 
     os.utime(tmp_path / "rank-1.json", (old, old))  # rank 1 has not moved for 30 s
     with pytest.raises(rank_files.RankStalled, match=r"rank-1 of this pod made no progress for 3[0-9]s"):
         rank_files.wait_for_pod(tmp_path, timeout=10, poll=0.01)
+
+
+def test_a_rank_waiting_for_handed_back_work_is_quiet_but_not_done(tmp_path: Path) -> None:
+    progs = [RankProgress(rank=r, job_total=4, writes=True, local=True, rank_file=RankFile(tmp_path, r, interval=60))
+             for r in range(2)]
+    progs[0].finished()
+    progs[1].idle(True)  # staying for chunks handed back
+    pod = rank_files.read_pod([tmp_path])
+    assert (pod.done, pod.quiet) == (False, True), "its pod's first rank still waits for it; no stall either"
+    progs[1].idle(False)  # took one: rendering again
+    assert rank_files.read_pod([tmp_path]).quiet is False
+    progs[1].finished()
+    assert (rank_files.read_pod([tmp_path]).done, rank_files.read_pod([tmp_path]).quiet) == (True, True)
