@@ -36,6 +36,8 @@ from muralist_api.rules.catalog import CONFIGMAP_MAX_BYTES, TINY_MODEL_NAMES, mo
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_api.storage import join_uri
 
+from .grace import termination_grace_seconds
+
 LABEL_JOB = "muralist.dev/job-name"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
@@ -49,27 +51,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Loading briefly needs more than the weights (a state dict and the module side by side).
 MEMORY_HEADROOM = 1.25
 PROCESS_OVERHEAD_GIB = 2
-
-
-# The grace period's guess at one item (runPolicy.terminationGracePeriodSeconds overrides it): a
-# denoising step of a 1024x1024 image (or of 16 video frames) takes about this long on one GPU for
-# the large models people batch (a deliberately generous figure: a pod killed early loses its item,
-# one that ends early loses nothing), scaled by pixels, frames and batch size.
-STEP_SECONDS_PER_MEGAPIXEL = 0.5
-GRACE_MARGIN_SECONDS = 30  # writing what was rendered, handing the chunk back, the kubelet's own
-GRACE_MAX_SECONDS = 3600
-
-
-def termination_grace_seconds(job: DiffusionJob) -> int:
-    """How long a pod told to stop may take: twice the estimate of one pipeline call, plus a margin."""
-    asked = job.spec.run_policy.termination_grace_period_seconds
-    if asked is not None:
-        return asked
-    gen = job.spec.generation
-    megapixels = gen.height * gen.width / (1024 * 1024)
-    frames = max(1.0, (gen.num_frames or 1) / 16)
-    item = gen.steps * STEP_SECONDS_PER_MEGAPIXEL * max(megapixels, 0.05) * frames * gen.batch_size
-    return min(GRACE_MAX_SECONDS, math.ceil(2 * item) + GRACE_MARGIN_SECONDS)
 
 
 class RenderError(ValueError):

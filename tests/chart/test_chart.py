@@ -73,7 +73,7 @@ def test_chart_crd_is_identical_to_generated_crd() -> None:
 
 def test_default_is_cluster_wide_and_restricted(helm: str) -> None:
     docs = render(helm)
-    assert sorted(kinds(docs)) == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+    assert sorted(kinds(docs)) == ["ClusterRole"] * 4 + ["ClusterRoleBinding", "ClusterRoleBinding",
                                    "Deployment", "NetworkPolicy", "Role", "RoleBinding", "Service", "Service",
                                    "ServiceAccount"]
     c = container(docs)
@@ -107,13 +107,27 @@ def test_namespaced_mode_grants_a_role_per_namespace(helm: str) -> None:
         assert binding["subjects"][0]["namespace"] == "muralist-system"
     # Only two small ClusterRoles stay cluster-wide: discovery (CRDs and namespaces, read-only)
     # and TokenReview for the progress endpoint.
-    rules = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole"}
+    rules = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole" and not user_role(d)}
     assert {n: {r for rule in rs for r in rule["resources"]} for n, rs in rules.items()} == {
         "muralist-discovery": {"customresourcedefinitions", "namespaces"},
         "muralist-tokenreview": {"tokenreviews"},
     }
     assert {v for rule in rules["muralist-discovery"] for v in rule["verbs"]} == {"list", "watch"}
     assert container(docs)["args"][:5] == ["operator", "--namespace", "team-a", "--namespace", "team-b"]
+
+
+def user_role(doc: dict[str, Any]) -> bool:
+    return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in doc["metadata"]["labels"])
+
+
+def test_user_roles_aggregate_into_the_default_roles_and_can_be_left_out(helm: str) -> None:
+    roles = {d["metadata"]["name"]: d for d in render(helm) if d["kind"] == "ClusterRole" and user_role(d)}
+    assert set(roles) == {"muralist-edit", "muralist-view"}
+    edit = {r for rule in roles["muralist-edit"]["rules"] for r in rule["resources"]}
+    assert "diffusionjobs/scale" in edit  # kubectl scale needs the subresource, not only the object
+    view_verbs = {v for rule in roles["muralist-view"]["rules"] for v in rule["verbs"]}
+    assert view_verbs == {"get", "list", "watch"}
+    assert not [d for d in render(helm, {"rbac": {"userRoles": False}}) if d["kind"] == "ClusterRole" and user_role(d)]
 
 
 def test_no_wildcards_in_rbac(helm: str) -> None:
@@ -541,6 +555,40 @@ def exercise_operator(api: Any, namespace: str) -> None:
     wait_for(lambda: gone("cats"), timeout=30, message="cats to be deleted after its TTL")
     wait_for(lambda: phase("dogs") == "Failed", timeout=90, message="dogs to fail after one restart")
     assert api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "dogs")["status"]["restarts"] == 1
+
+
+@pytest.mark.cluster
+def test_users_bound_to_the_default_roles_may_submit_scale_and_read_jobs(
+    control_plane: Any, crds: None, helm: str, namespace: str
+) -> None:
+    """The aggregation controller (kube-controller-manager) folds the chart's user roles into
+    `edit` and `view`: what a RoleBinding to those built-in roles then allows, asked of the API
+    server's own authorizer (SubjectAccessReview through `kubectl auth can-i --as`)."""
+    release = f"u{uuid.uuid4().hex[:6]}"
+    roles = dump(d for d in render(helm, release=release) if d["kind"] == "ClusterRole" and user_role(d))
+    kubectl(control_plane, "apply", "-f", "-", stdin=roles)
+    users = {"editor": "edit", "viewer": "view"}
+    for user, role in users.items():
+        kubectl(control_plane, "create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}",
+                f"--user={user}", "-n", namespace)
+
+    def can(user: str, verb: str, subresource: str = "") -> bool:
+        args = ["auth", "can-i", verb, f"{PLURAL}.{GROUP}", "--as", user, "-n", namespace]
+        if subresource:
+            args += ["--subresource", subresource]
+        answer = subprocess.run([str(control_plane.bin_dir / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig),
+                                 *args], capture_output=True, text=True, check=False)
+        return answer.stdout.strip() == "yes"
+
+    try:
+        wait_for(lambda: can("editor", "patch", "scale") and can("viewer", "list"),
+                 timeout=60, message="the user roles to be aggregated into edit and view")
+        assert can("editor", "create") and can("editor", "delete")
+        assert can("viewer", "get", "status")
+        assert not can("viewer", "create")
+        assert not can("viewer", "patch", "scale")
+    finally:
+        kubectl(control_plane, "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=roles)
 
 
 @pytest.mark.cluster

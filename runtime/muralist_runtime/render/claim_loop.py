@@ -260,12 +260,13 @@ def _add_written(state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None
 def _hand_back(job: Job, state: RunState, chunk: int, run: ChunkRun | None, test: faults.TestKnobs) -> None:
     """The pod was told to stop in the middle of a chunk: keep what is rendered (the writer
     threads finish it; whoever takes the chunk next skips those items), give the chunk back."""
+    done = 0
     if run is not None:
         _threads(state).wait_idle()
         _add_written(state, run, test)
         state.layout.abandon_chunk(chunk)
         chunks.release(state.claims, chunk, state.world.layout.group_index)
-    done = len([e for e in run.entries.values() if e.get("status") != "failed"]) if run is not None else 0
+        done = len([e for e in run.entries.values() if e.get("status") != "failed"])
     raise drain.Drained(f"stopped in chunk {chunk} with {done} of its items written; the chunk is handed back "
                         "to the other pods")
 
