@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from muralist_api import job as job_api
 
 from tests.builders import make_job
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
@@ -198,6 +199,45 @@ def test_a_higher_priority_job_preempts_a_running_one(dj: DJ, cluster_queue: str
     # The pods the suspension deleted count as no failure of their indexes.
     assert done.get("restarts", 0) == 0 and not done.get("indexes")
     assert dj.batch.read_namespaced_job("low", dj.ns).metadata.uid == low_job.metadata.uid
+
+
+def scale(dj: DJ, name: str, nodes: int) -> None:
+    """What `kubectl scale dj/NAME --replicas=N` does: a write to the scale subresource."""
+    dj.custom.patch_namespaced_custom_object_scale(job_api.GROUP, job_api.VERSION, dj.ns, job_api.PLURAL, name,
+                                                   {"spec": {"replicas": nodes}})
+
+
+def test_resizing_an_admitted_job_queues_it_again_at_its_new_size(dj: DJ, cluster_queue: str) -> None:
+    """Without Kueue's elastic workload slices (an alpha gate), a Workload's pod count is fixed:
+    Kueue suspends a Job whose size no longer matches its Workload (the pods drain), replaces the
+    Workload and admits the job again at the new size when the quota allows it."""
+    create_local_queue(dj)
+    dj.create(queued("cats", nodes=2, gpus=4).obj())
+    first_pods = dj.wait_pods("cats", 2)
+    assert admitted_workload(dj, "cats")["spec"]["podSets"][0]["count"] == 2
+
+    # 5 pods of 4 GPUs: more than the 16 the ClusterQueue has. The job waits in the queue.
+    scale(dj, "cats", 5)
+    wait_for(lambda: job_suspended(dj, "cats"), message="Kueue to suspend the resized Job")
+    wait_for(lambda: not dj.pods("cats"), timeout=60, message="the pods of the old size gone")
+    wait_for(lambda: workload(dj, "cats").get("spec", {}).get("podSets", [{}])[0].get("count") == 5,
+             message="a Workload for 5 pods")
+    waiting = dj.wait_phase("cats", "Suspended")
+    assert waiting["message"] == f"waiting for Kueue to admit it from queue {LOCAL_QUEUE}"
+    assert not condition(workload(dj, "cats"), "QuotaReserved")
+
+    # 3 pods fit: admitted at that size, new pods for every index.
+    scale(dj, "cats", 3)
+    assert admitted_workload(dj, "cats")["status"]["admission"]["podSetAssignments"][0]["count"] == 3
+    wait_for(lambda: not job_suspended(dj, "cats"), timeout=60, message="the job admitted again at 3 pods")
+    again = dj.wait_pods("cats", 3)
+    assert not {p.metadata.uid for p in again} & {p.metadata.uid for p in first_pods}
+    running = wait_for(lambda: (s := dj.status("cats")).get("nodes") == 3 and s.get("phase") == "Running" and s,
+                       timeout=60, message="status: 3 pods running")
+    assert running.get("restarts", 0) == 0
+    done = finish(dj, "cats", 3)
+    # Neither the suspension nor the resize counts as a failure of any index.
+    assert done.get("restarts", 0) == 0 and not done.get("indexes")
 
 
 TAS_FLAVOR, TAS_CLUSTER_QUEUE, TAS_LOCAL_QUEUE, TOPOLOGY = "kwok-hosts", "gpus-by-host", "by-host", "hosts"
