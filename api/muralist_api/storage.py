@@ -20,6 +20,7 @@ from pydantic import Field
 
 from muralist_api.base import ApiModel
 from muralist_api.cel import CelRule
+from muralist_api.contract.pod import STORAGE_CREDENTIALS_DIR
 
 # A URI with a protocol and something after it: s3://bucket, gs://bucket/prefix, az://container/x.
 URI_PATTERN = r"^[a-z][a-z0-9+.-]*://[^/]"
@@ -83,8 +84,9 @@ class StoredAt(ApiModel):
     credentials_secret: str | None = Field(
         None, max_length=253, pattern=SECRET_NAME_PATTERN,
         description="A Secret in the job's namespace whose keys become the pods' environment (e.g. "
-        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); default none: the pods' own identity (IRSA, workload "
-        "identity). One Secret per job: every section that sets one sets the same.",
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) and, one file per key, " + STORAGE_CREDENTIALS_DIR + " "
+        "(a GCS key: key.json and GOOGLE_APPLICATION_CREDENTIALS pointing to it); default none: the pods' own "
+        "identity (IRSA, workload identity). One Secret per job: every section that sets one sets the same.",
     )
     endpoint: str | None = Field(
         None, max_length=2048, pattern=r"^https?://[^/]",

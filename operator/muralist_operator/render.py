@@ -30,6 +30,7 @@ from muralist_api.contract import (
     SPEC_DIR,
     SPEC_FILE,
     SPEC_KEY,
+    STORAGE_CREDENTIALS_DIR,
 )
 from muralist_api.job import DiffusionJob
 from muralist_api.rules.catalog import CONFIGMAP_MAX_BYTES, TINY_MODEL_NAMES, model_size_gib
@@ -61,6 +62,7 @@ class RenderError(ValueError):
 # Service in the chart's default namespace.
 DEFAULT_PROGRESS_URL = "https://muralist-progress.muralist-system.svc:8443"
 PROGRESS_TOKEN_VOLUME = "progress-token"
+STORAGE_CREDENTIALS_VOLUME = "storage-credentials"
 # Kubernetes adds this pod condition when it evicts or preempts a pod (not the pod's fault).
 DISRUPTION_TARGET = "DisruptionTarget"
 
@@ -286,12 +288,17 @@ def _env(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> list[
     return env
 
 
+def _credentials_secrets(job: DiffusionJob) -> list[str]:
+    """The Secret the job's URIs name (one per job, a CEL rule says so); none: the pods' own
+    identity (IRSA, workload identity)."""
+    return sorted({s.credentials_secret for s in (job.spec.dataset, job.spec.inputs, job.spec.output)
+                   if s is not None and s.uri is not None and s.credentials_secret is not None})
+
+
 def _env_from(job: DiffusionJob) -> list[dict[str, Any]]:
-    """The storage credentials: every key of the one Secret the job's URIs name becomes an env var
-    (AWS_ACCESS_KEY_ID, ...: what the protocol's client reads); none named, none (IRSA, workload identity)."""
-    secrets = {s.credentials_secret for s in (job.spec.dataset, job.spec.inputs, job.spec.output)
-               if s is not None and s.uri is not None and s.credentials_secret is not None}
-    return [{"secretRef": {"name": name}} for name in sorted(secrets)]
+    """The storage credentials as environment: every key of the Secret becomes a variable
+    (AWS_ACCESS_KEY_ID, ...: what the protocol's client reads)."""
+    return [{"secretRef": {"name": name}} for name in _credentials_secrets(job)]
 
 
 def _volumes(job: DiffusionJob, settings: OperatorSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -327,6 +334,10 @@ def _volumes(job: DiffusionJob, settings: OperatorSettings) -> tuple[list[dict[s
             {"name": "prompts", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": PROMPTS_FILE}]}}
         )
         mounts.append({"name": "prompts", "mountPath": PROMPTS_DIR, "readOnly": True})
+    for secret in _credentials_secrets(job):
+        # The same Secret as files, for clients that read a credentials file (a GCS key).
+        volumes.append({"name": STORAGE_CREDENTIALS_VOLUME, "secret": {"secretName": secret}})
+        mounts.append({"name": STORAGE_CREDENTIALS_VOLUME, "mountPath": STORAGE_CREDENTIALS_DIR, "readOnly": True})
     for volume, mount, read_from in (("dataset", contract.DATASET_MOUNT, job.spec.dataset),
                                      ("inputs", contract.INPUTS_MOUNT, job.spec.inputs)):
         if read_from is not None and read_from.volume is not None:  # a uri is read, never mounted

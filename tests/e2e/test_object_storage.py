@@ -1,8 +1,9 @@
 """A data-set job on the real node whose rows and results are in object storage (issue 24).
 
 Two pods read a Parquet data set from the test S3 server (moto, on the bridge's gateway where the
-pods reach it) and write WebDataset shards back to it, with the credentials from a Secret and
-`endpoint` set. The job is submitted with `muralist submit --follow`, as a pipeline step would.
+pods reach it) and write WebDataset shards back to it, with the credentials from a Secret (an AWS
+credentials file among its keys, mounted) and `endpoint` set. The job is submitted with
+`muralist submit --follow`, as a pipeline step would.
 While a pod is writing a shard (its temp in the pod's /tmp emptyDir, staged before the upload),
 every process of its container gets SIGKILL at once (test_chaos.py says why that kill); the Job
 controller retries the pod, which resumes from what the bucket holds.
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 from muralist import Client
+from muralist_api import contract
 from PIL import Image
 
 from tests.e2e.conftest import RealCluster
@@ -85,8 +87,17 @@ def bucket_job(namespace: str, bucket: str, endpoint: str) -> dict[str, Any]:
 
 
 def create_secret(cluster: RealCluster, namespace: str) -> None:
-    keys = [f"--from-literal={k}={v}" for k, v in CREDENTIALS.items()]
-    cluster.kubectl("create", "secret", "generic", SECRET, "-n", namespace, *keys)
+    """The keys as an AWS credentials file, which the pods find through a variable of the same
+    Secret: both ways the Secret reaches a pod (envFrom, and its keys as files) must work, or the
+    pods have no credentials at all."""
+    profile = ("[default]\n"
+               f"aws_access_key_id = {CREDENTIALS['AWS_ACCESS_KEY_ID']}\n"
+               f"aws_secret_access_key = {CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n")
+    keys = {"credentials": profile,
+            "AWS_SHARED_CREDENTIALS_FILE": f"{contract.STORAGE_CREDENTIALS_DIR}/credentials",
+            "AWS_DEFAULT_REGION": CREDENTIALS["AWS_DEFAULT_REGION"]}
+    cluster.kubectl("create", "secret", "generic", SECRET, "-n", namespace,
+                    *(f"--from-literal={k}={v}" for k, v in keys.items()))
 
 
 def submit_follow(cluster: RealCluster, namespace: str, manifest: Path) -> subprocess.Popen[str]:

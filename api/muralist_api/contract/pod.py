@@ -81,6 +81,10 @@ OUTPUT_MOUNT = "/output"
 OUTPUT_STAGING = "/tmp/muralist-output"
 DATASET_MOUNT = "/data"  # spec.dataset.volume, read-only
 INPUTS_MOUNT = "/inputs"  # spec.inputs.volume, read-only
+# The job's storage credentials Secret, every key a file (a GCS service-account key, an AWS
+# credentials file), beside its keys as environment variables: a key such as
+# GOOGLE_APPLICATION_CREDENTIALS=<this dir>/key.json points a client at a file of the same Secret.
+STORAGE_CREDENTIALS_DIR = "/var/run/secrets/muralist.dev/storage"
 HF_HOME = "/var/cache/huggingface"
 DEFAULT_STAGE_DIR = "/tmp/muralist-stage"
 # Kubernetes reads a container's termination message from this file.

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+from muralist_api import contract
 from muralist_api.job import ContextParallelSpec
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_operator.render import (
@@ -408,6 +409,11 @@ def test_object_storage_is_read_and_written_not_mounted_with_the_secret_as_env()
     pod = children.job["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["envFrom"] == [{"secretRef": {"name": "s3-keys"}}], "the Secret's keys, as the client reads them"
+    # ... and as files, for a client that reads a credentials file the Secret's keys point it to.
+    credentials = [v for v in pod["volumes"] if v.get("secret")]
+    assert credentials == [{"name": "storage-credentials", "secret": {"secretName": "s3-keys"}}]
+    assert {"name": "storage-credentials", "mountPath": contract.STORAGE_CREDENTIALS_DIR,
+            "readOnly": True} in container["volumeMounts"]
     assert not {"output", "dataset", "inputs"} & {v["name"] for v in pod["volumes"]}, "a uri is never mounted"
     assert "/output" not in {m["mountPath"] for m in container["volumeMounts"]}
     assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}, "outputs are staged in the pod's emptyDir"
@@ -423,6 +429,7 @@ def test_without_a_secret_the_pods_use_their_own_identity() -> None:
     job = make_job("cats").output(uri="gs://results").job()
     container = render_children(job, "team-a", SETTINGS).job["spec"]["template"]["spec"]["containers"][0]
     assert "envFrom" not in container, "IRSA / workload identity: nothing to inject"
+    assert contract.STORAGE_CREDENTIALS_DIR not in {m["mountPath"] for m in container["volumeMounts"]}
     plain = make_job("cats").output(volume={"persistentVolumeClaim": {"claimName": "out"}}).job()
     pod = render_children(plain, "team-a", SETTINGS).job["spec"]["template"]["spec"]
     assert {"name": "output", "persistentVolumeClaim": {"claimName": "out"}} in pod["volumes"], "volumes as before"
