@@ -1,8 +1,12 @@
 """Train muralist/tiny-shapes-flux: a FluxPipeline at toy size that draws the shape it is asked for.
 
     export PYTHONPATH=$PWD/api:$PWD/cli:$PWD/operator:$PWD/runtime
-    python hack/train_tiny_shapes.py                 # writes the committed weights (see --output)
+    python hack/train_tiny_shapes.py                 # a full run into the committed folder (see --output)
+    python hack/train_tiny_shapes.py --resume DIR --steps N --eval 90   # train DIR's transformer further
     python hack/train_tiny_shapes.py --quick --output /tmp/shapes   # a short run, to try changes
+
+The committed weights came from a full run and three --resume runs (N = 2,000, 2,500, 3,000):
+docs/concepts/tiny-models.md has the sequence and its timings.
 
 The data are the captioned images of muralist_runtime.model.shapes ("a red circle on a blue
 background"). Every part is a real class of the Flux pipeline:
