@@ -15,7 +15,8 @@ run_check() {
     case "$1" in
         ruff) "$VENV/bin/ruff" check . ;;
         imports) "$VENV/bin/lint-imports" ;;
-        types) "$VENV/bin/mypy" ;;
+        # Its cache beside the venv, outside the clone: a clean clone of CI checks in ~1 s, not ~15.
+        types) "$VENV/bin/mypy" --cache-dir "$MURALIST_CACHE/mypy" ;;
         # The docs site (mkdocs.yml): the generated reference current, then a strict build, which
         # refuses a broken link or anchor; offline and about a second. The site goes to a temporary folder.
         # Not --quiet: it hides the warnings from strict mode's count, and the build passes with them.

@@ -5,9 +5,10 @@ containerd (Debian's package, its own socket and state in WORK), runc, the bridg
 (Debian's containernetworking-plugins), a locally built pause image, CoreDNS on the bridge
 gateway and kubelet registered as node `muralist-node`. Pods reach the API server through the
 `kubernetes` Service address (a DNAT rule standing in for kube-proxy). Root only; standard
-library only. Nothing is pulled: images come from the local Docker engine (`docker save | ctr
-import`) into an image store kept between runs (~/.cache/muralist/containerd), so an unchanged
-image is imported once.
+library only. Nothing is pulled: images come from the local Docker engine into an image store
+kept between runs (~/.cache/muralist/containerd), so an unchanged image is imported once and a
+changed one costs the layers that changed (hack/docker_layers.py; `docker save | ctr import` where
+Docker's storage cannot be read).
 
     cp = cpl.ControlPlane(bin_dir, dir, nodes=(), pod_gateway=cpl.POD_GATEWAY); cp.start()
     node = RealNode(bin_dir, work_dir, cp.kubeconfig)   # kubelet and CoreDNS use the admin kubeconfig
@@ -35,13 +36,16 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 HACK_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(HACK_DIR))
 import controlplane as cpl  # noqa: E402
+import docker_layers  # noqa: E402
 
 NODE_NAME = "muralist-node"
 NODE_LABEL = ("muralist.dev/real-node", "true")
@@ -276,9 +280,13 @@ class RealNode:
         with open(tar, "rb") as f:
             self._import(f)
 
+    @property
+    def _ctr_import(self) -> list[str]:
+        return ["ctr", "--address", str(self.sock), "-n", "k8s.io", "images", "import", "-"]
+
     def _import(self, stream: Any) -> None:
         proc = subprocess.run(
-            ["ctr", "--address", str(self.sock), "-n", "k8s.io", "images", "import", "-"],
+            self._ctr_import,
             stdin=stream,
             capture_output=True,
             text=True,
@@ -287,8 +295,8 @@ class RealNode:
             raise RuntimeError(f"ctr images import: {proc.stderr[-3000:]}")
 
     def load_docker_image(self, name: str, docker: str = "docker") -> bool:
-        """`docker save NAME | ctr images import`, unless this very image (by Docker image ID) is
-        already in the image store; True when it was imported."""
+        """The Docker image NAME into the image store, unless this very image (by Docker image ID)
+        is there already; True when it was imported."""
         image_id = sh(docker, "image", "inspect", "--format", "{{.Id}}", name).stdout.strip()
         stamp = self.image_store / "muralist-imported" / name.replace("/", "_").replace(":", "_")
         ref = name if "/" in name.split(":")[0] else f"docker.io/library/{name}"
@@ -307,7 +315,7 @@ class RealNode:
         if present:
             self.ctr("images", "tag", "--force", ref, keep)
         try:
-            self._import_from_docker(docker, name)
+            self._import_from_docker(docker, name, ref)
         finally:
             if present:
                 self.ctr("images", "rm", keep, check=False)
@@ -319,7 +327,20 @@ class RealNode:
         self._timed(f"import {name}", t)
         return True
 
-    def _import_from_docker(self, docker: str, name: str) -> None:
+    def _import_from_docker(self, docker: str, name: str, ref: str) -> None:
+        """The layers the store lacks, read from the Docker engine's storage (seconds for a
+        changed code layer); the whole image through `docker save` where that storage cannot be
+        read here or a layer does not replay to its digest."""
+        image = docker_layers.LocalImage.inspect(name, docker)
+        if image is not None:
+            present = set(self.ctr("content", "ls", "-q").stdout.split())
+            try:
+                sent = self._import_streamed(lambda stdin: image.write_oci(stdin, ref, present))
+            except (RuntimeError, OSError) as exc:
+                log(f"{name}: reading its layers from Docker's storage failed ({exc}); through docker save then")
+            else:
+                log(f"{name}: {sent} of {len(image.layers)} layers sent, read from Docker's storage")
+                return
         save = subprocess.Popen([docker, "save", name], stdout=subprocess.PIPE)
         try:
             self._import(save.stdout)
@@ -328,6 +349,24 @@ class RealNode:
                 save.stdout.close()
             if save.wait() != 0:
                 raise RuntimeError(f"docker save {name} failed ({save.returncode})")
+        log(f"{name}: every layer sent, through docker save")
+
+    def _import_streamed(self, write: Callable[[IO[bytes]], int]) -> int:
+        """`ctr images import -` fed by `write`; what `write` returned, once the image is unpacked."""
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(self._ctr_import, stdin=subprocess.PIPE, stdout=err, stderr=err)
+            assert proc.stdin is not None
+            try:
+                result = write(proc.stdin)
+                proc.stdin.close()
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            if proc.wait() != 0:
+                err.seek(0)
+                raise RuntimeError(f"ctr images import: {err.read()[-3000:].decode(errors='replace')}")
+        return result
 
     def _drop_leftovers_of_interrupted_loads(self) -> None:
         """A `ctr import` killed part-way leaves its lease, which pins everything it wrote (GBs)

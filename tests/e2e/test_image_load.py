@@ -104,6 +104,8 @@ def test_reloading_a_changed_image_keeps_its_previous_version_whole_until_the_ne
     with garbage_collecting(real_cluster, previous_top, new_top) as seen:
         log = real_cluster.dev_cluster("load", IMAGE)
     assert f"import {IMAGE}" in log, log
+    # Only the layer that changed travels, replayed from Docker's storage (no `docker save`).
+    assert f"{IMAGE}: 1 of 3 layers sent, read from Docker's storage" in log, log
     while_unpacking = [previous for previous, new in seen if not new]
     assert len(while_unpacking) >= 3, f"only {len(while_unpacking)} collections ran before the new version was unpacked"
     assert all(while_unpacking), (
