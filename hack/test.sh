@@ -17,11 +17,11 @@ export MURALIST_REQUIRE_E2E=1
 # And the gallery's browser test (Debian's chromium and chromedriver, installed when missing).
 export MURALIST_REQUIRE_BROWSER=1
 bash hack/checks.sh   # ruff, lint-imports, mypy: also the pre-commit hooks
-# MURALIST_TEST_WORKERS=N runs pytest-xdist workers: the real-node chain (image builds and pods)
-# on one, beside the rest (tests/parallel_plugin.py). Off by default: on 2 cores two workers took
-# 20.2 min against 24.6 in one process (clean clones, same suite), but one torchrun test crashed
-# at exit under the doubled load: see docs/development/tests.md.
-workers=${MURALIST_TEST_WORKERS:-0}
+# Two pytest-xdist workers by default: the real-node chain (image builds and pods) on one, the
+# rest beside it (tests/parallel_plugin.py). On 2 cores a clean clone's .ci/run took 20.8 min with
+# two workers against 28.5-33 in one process (2026-12-03); MURALIST_TEST_WORKERS=0 runs one
+# process (for -s, pdb, or a single test): see docs/development/tests.md.
+workers=${MURALIST_TEST_WORKERS:-2}
 parallel=()
 if [ "$workers" != 0 ]; then
     parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)

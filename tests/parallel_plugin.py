@@ -1,4 +1,4 @@
-"""pytest plugin: how the suite splits over pytest-xdist workers (`MURALIST_TEST_WORKERS=2 hack/test.sh`: `-n 2 --dist
+"""pytest plugin: how the suite splits over pytest-xdist workers (`hack/test.sh` runs two: `-n 2 --dist
 loadscope --no-loadscope-reorder`). This plugin says what a scope is.
 
 The real-node chain (the `docker` and `e2e` tests, all in REAL_NODE_DIRS: image builds, the
@@ -14,7 +14,7 @@ ids, and xdist's own marker-based grouping (`--dist loadgroup`, which rewrites n
 effect under pytest >= 9.2, whose node ids are no longer the attribute xdist rewrites. So a test
 marked `docker` or `e2e` outside REAL_NODE_DIRS fails, saying where it belongs.
 
-Without xdist (`pytest` alone, or hack/test.sh by default) only the order stays: the real-node
+Without xdist (`pytest` alone, or `MURALIST_TEST_WORKERS=0 hack/test.sh`) only the order stays: the real-node
 chain first.
 """
 
