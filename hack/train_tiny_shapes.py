@@ -46,6 +46,9 @@ from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "runtime/muralist_runtime/model/weights/tiny-shapes-flux"
 SUMS = "SHA256SUMS"
+# The committed weights' schedule: four one-cycle stages, each restarting from the last one's EMA
+# weights (40 % adherence after the first 3,000 steps; one 10,500-step cycle reached 77.8 %).
+STAGES = [3000, 2000, 2500, 3000]
 TEXT_TOKENS = 8  # max_sequence_length: a caption is 7 words; 8 text + 16 image tokens stay even
 TEXT_HIDDEN = 32
 LATENT_CHANNELS = 4
@@ -209,6 +212,13 @@ def write_sums(folder: Path) -> None:
     (folder / SUMS).write_text("\n".join(lines) + "\n")
 
 
+def stage_steps(text: str) -> list[int]:
+    steps = [int(n) for n in text.split(",")]
+    if not steps or min(steps) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: one or more positive step counts, comma-separated")
+    return steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
@@ -218,7 +228,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=10000, help="training images")
     parser.add_argument("--vae-steps", type=int, default=1000)
     parser.add_argument("--vae-batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=3000, help="transformer steps")
+    parser.add_argument("--steps", type=stage_steps, default=STAGES,
+                        help="transformer steps, or steps per stage (each a warm restart): N or N,N,...")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--eval", type=int, default=180, help="evaluation prompts (unseen seeds)")
     parser.add_argument("--eval-steps", type=int, default=8, help="inference steps of the evaluation")
@@ -227,7 +238,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few minutes: fewer images and steps")
     args = parser.parse_args()
     if args.quick:
-        args.images, args.vae_steps, args.steps, args.eval = 4000, 150, 300, 60
+        args.images, args.vae_steps, args.steps, args.eval = 4000, 150, [300], 60
     torch.set_num_threads(args.threads)
     start = time.monotonic()
     generator = torch.Generator("cpu").manual_seed(args.seed)
@@ -270,9 +281,16 @@ def main() -> None:
     caption_index = torch.tensor([number[s.attributes.caption()] for s in scenes])
     assert latents.shape[1] == LATENT_CHANNELS
     log(start, f"transformer {sum(p.numel() for p in transformer.parameters()):,} parameters")
-    ema = train_transformer(pipe, latents, caption_index, (prompt_embeds, pooled, text_ids), args.steps,
-                            args.batch, generator, start)
-    transformer.load_state_dict(ema)
+    for stage, steps in enumerate(args.steps):
+        if stage:
+            # What a --resume run of the previous stage's output does: the batches drawn again
+            # from the seed, a fresh optimizer, one-cycle schedule and EMA (a warm restart).
+            generator = torch.Generator("cpu").manual_seed(args.seed)
+            torch.manual_seed(args.seed + 1)
+            log(start, f"stage {stage + 1} of {len(args.steps)}: {steps} steps from the EMA weights")
+        ema = train_transformer(pipe, latents, caption_index, (prompt_embeds, pooled, text_ids), steps,
+                                args.batch, generator, start)
+        transformer.load_state_dict(ema)
 
     args.output.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(args.output)
