@@ -4,6 +4,11 @@ import logging
 import os
 import sys
 
+if os.environ.get("MURALIST_TEST_ZYGOTE"):  # tests only: fork this rank from a warm interpreter
+    from .testing.zygote import delegate
+
+    delegate()  # returns only when the zygote declines: then this process is the rank
+
 from .main import main
 
 code = main()

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from muralist_api import contract
 from muralist_api.runtime_spec import RuntimeSpec
+from muralist_runtime.testing import zygote
 
 from tests.builders import JobBuilder
 
@@ -104,12 +106,19 @@ class Run:
         return [e for e in lines if e["event"] == kind]
 
 
+def without_zygote(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a run whose ranks must start the ordinary way (imports and all)."""
+    return {k: v for k, v in env.items() if k != zygote.ZYGOTE_ENV}
+
+
 @pytest.fixture(scope="session")
-def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Environment for spawned processes: the session's tiny-model cache, pinned threads, no
-    hub (tests that use the hub stand-in turn HF_HUB_OFFLINE off)."""
+    hub (tests that use the hub stand-in turn HF_HUB_OFFLINE off), and the session's zygote
+    (muralist_runtime/testing/zygote.py), from which the ranks fork with their imports done.
+    MURALIST_TEST_ZYGOTE=off starts every rank the ordinary way."""
     cache = tmp_path_factory.mktemp("muralist-cache")
-    return {
+    env = {
         **os.environ,
         contract.MURALIST_CACHE: str(cache),
         "HF_HUB_OFFLINE": "1",
@@ -118,6 +127,11 @@ def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "TRANSFORMERS_VERBOSITY": "error",
         "DIFFUSERS_VERBOSITY": "error",
     }
+    if env.pop(zygote.ZYGOTE_ENV, None) == "off":
+        yield env
+        return
+    with zygote.started(env) as socket_path:
+        yield {**env, zygote.ZYGOTE_ENV: socket_path}
 
 
 def build_tiny_in_cache(name: str, runtime_env: dict[str, str]) -> Path:
