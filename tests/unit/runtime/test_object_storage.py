@@ -13,7 +13,7 @@ import pytest
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime.model import inputs
 from muralist_runtime.outputs import layouts, shards, storage
-from muralist_runtime.work.sources import Columns, RemotePath, RowSource, SourceError, location
+from muralist_runtime.work.sources import Columns, RemotePath, RowSource, SourceError, location, readers
 
 from tests.s3_plugin import S3Server
 
@@ -114,6 +114,29 @@ def test_a_parquet_data_set_is_read_by_row_group_never_whole(s3_server: S3Server
     # pyarrow reads the footer on each open (three here: the check, the count, the read), ~100 KiB with
     # the padding's min/max statistics; then the mapped columns of one row group.
     assert 0 < read[0] < size / 5, f"read {read[0]} of {size} bytes: only footers and one row group's columns"
+
+
+def test_a_json_lines_data_set_is_read_once_to_count_then_by_range_near_each_claim(
+        s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fs = s3_server.filesystem()
+    # ~200-byte prompts, as in a real data set: 40,000 rows, ~8.5 MB.
+    rows = b"".join(json.dumps({"caption": f"prompt {i} " + "x" * 180, "seed": i}).encode() + b"\n"
+                    for i in range(40_000))
+    fs.pipe_file(f"{bucket}/data/rows.jsonl", rows)
+    read = [0]
+    opened = location.RemotePath.open
+    monkeypatch.setattr(location.RemotePath, "open",
+                        lambda self, *a, **k: CountingFile(opened(self, *a, **k), read))
+    with RowSource(remote(s3_server, f"s3://{bucket}/data/rows.jsonl"), "auto",
+                   Columns(prompt="caption", seed="seed")) as source:
+        assert source.count() == 40_000
+        counted = read[0]
+        assert len(rows) <= counted < len(rows) + 2 * readers.BLOCK
+        for begin in (30_000, 39_000, 12_345):
+            read[0] = 0
+            got = [(r.index, r.seed) for r in source.rows(begin, begin + 2)]
+            assert got == [(begin, begin), (begin + 1, begin + 1)]
+            assert read[0] <= 2 * readers.BLOCK, f"rows from {begin}: read {read[0]} of {len(rows)} bytes"
 
 
 def test_a_folder_of_line_files_in_a_bucket_reads_as_one_sequence(s3_server: S3Server, bucket: str) -> None:

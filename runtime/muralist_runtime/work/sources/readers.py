@@ -60,17 +60,27 @@ class _LineReader:
 
     JSON Lines has no header: its columns are the keys of its first SCHEMA_ROWS objects, and a
     mapped column (`needed`) that none of them has is refused when the file is opened.
+
+    Where rows begin is written down as the scan passes: `marks[row] = byte offset` (rows of this
+    file) at the end of every block a skip crosses whole, one mark per BLOCK bytes. A reader opened
+    `at=(row, offset)` of a mark starts there: the source's later seeks read at most a block
+    before their row instead of the file from its start (a bucket's object by range).
     """
 
-    def __init__(self, path: Path, kind: str, prompt_key: str, needed: list[str] | None = None):
+    def __init__(self, path: Path, kind: str, prompt_key: str, needed: list[str] | None = None,
+                 at: tuple[int, int] = (0, 0), marks: dict[int, int] | None = None):
         self.path = path
         self.kind = kind
         self.prompt_key = prompt_key
         self.f = path.open("rb")  # closed by close(), the reader outlives a with-block (a Path or RemotePath)
+        self.row, self.offset = at  # the row the reader returns next; the file offset of buf[0]
+        self.marks = marks if marks is not None else {}
+        if self.offset:
+            self.f.seek(self.offset)
         self.buf = b""
         self.pos = 0
         self.eof = False
-        if self._fill():
+        if self._fill() and not self.offset:
             if self.buf.startswith(BOM):
                 self.pos = len(BOM)
             if kind == "jsonl" and self.buf[self.pos:].lstrip()[:1] == b"[":
@@ -104,9 +114,14 @@ class _LineReader:
         if not data:
             self.eof = True
             return False
+        self.offset += self.pos
         self.buf = self.buf[self.pos:] + data
         self.pos = 0
         return True
+
+    def tell(self) -> int:
+        """The file offset where the next row's line (or a blank line before it) begins."""
+        return self.offset + self.pos
 
     def _line(self) -> bytes | None:
         while True:
@@ -131,6 +146,7 @@ class _LineReader:
                 if done + lines - blank <= n:
                     done += lines - blank
                     self.pos = end
+                    self.marks[self.row + done] = self.tell()
                     continue
                 while done < n:  # the target is in this block: walk its lines
                     line = self._line()
@@ -140,12 +156,14 @@ class _LineReader:
                 line = self._line()
                 done += bool(line and line.strip())
                 break
+        self.row += done
         return done
 
     def next(self) -> Record | None:
         while (line := self._line()) is not None:
             if not line.strip():
                 continue
+            self.row += 1
             if self.kind == "text":
                 try:
                     return {self.prompt_key: line.decode().strip()}

@@ -4,6 +4,12 @@ Ranks claim chunks whose `begin` only grows, so the source keeps a cursor (which
 row) and skips forward through its readers without decoding the skipped rows; it reopens only
 when asked to go backwards. Per-file row counts are cached once known, so files that end
 before a target are not opened again.
+
+In text and JSON Lines, where a row begins is known only by scanning to it: the scan that counts
+the rows (at construction) writes down where every block's rows begin (readers._LineReader), and
+a seek starts at the nearest of those marks before its row. So a rank reads such a file once to
+count it, then at most a block before each chunk it claims, instead of the file from its start
+for every claim: what keeps ranged reads from a bucket ranged.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class RowSource:
             raise SourceError(f"{self.path}: a text source has one prompt per line and no columns; "
                               f"cannot map {sorted(set(mapped) - {'prompt'})}: use JSON Lines, CSV or Parquet")
         self._counts: list[int | None] = [None] * len(self.files)
+        self._marks: list[dict[int, int]] = [{} for _ in self.files]  # line formats: row in file -> offset
         self._cursor: _Cursor | None = None
         self._epoch = 0
         self._hf_dataset: Any = None
@@ -108,6 +115,12 @@ class RowSource:
         if cursor is not None and cursor.pos > target:
             cursor.reader.close()
             cursor = self._cursor = None
+        mark = self._mark_before(target)
+        if mark is not None and (cursor is None or mark[1] + mark[2] > cursor.pos):
+            if cursor is not None:
+                cursor.reader.close()
+            file, base, row, offset = mark
+            cursor = self._cursor = _Cursor(file, base, self._open(file, at=(row, offset)), base + row)
         if cursor is None:
             cursor = self._first_cursor(0, 0, target)
         while cursor is not None and cursor.pos < target:
@@ -119,6 +132,21 @@ class RowSource:
             if cursor.pos < target:
                 cursor = self._next_file(cursor, target)
         return cursor
+
+    def _mark_before(self, target: int) -> tuple[int, int, int, int] | None:
+        """The last known line start at or before the global row `target` in the file holding it:
+        (file, its first row, row in the file, byte offset); None when none is known. The files
+        before are counted (a file of unknown count may hold the target: it ends the search)."""
+        base = 0
+        for file, count in enumerate(self._counts):
+            if count is None or target < base + count:
+                rows = [r for r in self._marks[file] if base + r <= target]
+                if not rows:
+                    return None
+                row = max(rows)
+                return file, base, row, self._marks[file][row]
+            base += count
+        return None
 
     def _next_file(self, cursor: _Cursor, target: int = 0) -> _Cursor | None:
         """Close the cursor's file (its row count is now known) and open the next one needed."""
@@ -144,14 +172,15 @@ class RowSource:
                 reader.close()
         return self._counts[i]  # type: ignore[return-value]
 
-    def _open(self, i: int) -> _Reader:
+    def _open(self, i: int, at: tuple[int, int] = (0, 0)) -> _Reader:
+        """File i's reader; `at` (line formats): start at a mark, (row in the file, byte offset)."""
         path = self.files[i]
         needed = list(dict.fromkeys(self.columns.mapped().values()))
         batch = BATCH_ROWS_WITH_IMAGES if self.columns.image or self.columns.mask else BATCH_ROWS
         if self.format in ("text", "jsonl"):
             # JSON Lines' columns are read from its first rows: once per file is enough.
             reader = _LineReader(path, self.format, self.columns.prompt or "prompt",
-                                 None if i in self._checked else needed)
+                                 None if i in self._checked else needed, at, self._marks[i])
             self._checked.add(i)
             return reader
         if self.format == "csv":

@@ -337,6 +337,50 @@ def test_forward_skips_parse_no_skipped_line(tmp_path: Path, monkeypatch: pytest
     assert (len(opened), len(decoded)) == (3, 7)
 
 
+class _Counted:
+    """A binary file that adds the bytes read through it to `read[0]`."""
+
+    def __init__(self, f, read: list[int]):
+        self._f, self._read = f, read
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._read[0] += len(data)
+        return data
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+def test_after_the_count_a_seek_reads_about_one_block_not_the_file_before_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    monkeypatch.setattr(readers, "BLOCK", 4096)
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    first = [{"prompt": f"p{i}"} for i in range(7_000)]
+    second = [{"prompt": f"p{i}"} for i in range(7_000, 20_000)]
+    if fmt == "jsonl":
+        write_jsonl(folder / "a.jsonl", first, blank_every=97)
+        write_jsonl(folder / "b.jsonl", second, blank_every=89)
+    else:
+        lines = [r["prompt"] + ("\n\n" if i % 97 == 0 else "\n") for i, r in enumerate(first)]  # blank lines too
+        (folder / "a.txt").write_text("".join(lines))
+        (folder / "b.txt").write_text("".join(r["prompt"] + "\n" for r in second))
+    read = [0]
+    real_open = Path.open
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: _Counted(real_open(self, *a, **k), read))
+    src = RowSource(folder)
+    assert src.count() == 20_000
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    assert size <= read[0] < size + 3 * 4096, "the count reads each file once"
+    # Claims in increasing order, as ranks take them, each far past the last: and one backwards.
+    for begin in (15_000, 2_500, 19_990, 6_999, 11_111):
+        read[0] = 0
+        assert prompts(src.rows(begin, begin + 3)) == [f"p{i}" for i in range(begin, min(begin + 3, 20_000))]
+        assert read[0] <= 3 * 4096, f"rows from {begin}: read {read[0]} bytes of {size}"
+
+
 def test_parquet_skips_whole_row_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_parquet(tmp_path / "g.parquet", {"prompt": [f"p{i}" for i in range(1000)]}, row_group_size=100)
     calls = []
