@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import readers
 from .detection import detect
 from .errors import SourceError
 from .fields import Columns, Row, _make_row
@@ -116,7 +117,7 @@ class RowSource:
             cursor.reader.close()
             cursor = self._cursor = None
         mark = self._mark_before(target)
-        if mark is not None and (cursor is None or mark[1] + mark[2] > cursor.pos):
+        if mark is not None and self._worth_a_jump(cursor, mark):
             if cursor is not None:
                 cursor.reader.close()
             file, base, row, offset = mark
@@ -132,6 +133,14 @@ class RowSource:
             if cursor.pos < target:
                 cursor = self._next_file(cursor, target)
         return cursor
+
+    @staticmethod
+    def _worth_a_jump(cursor: _Cursor | None, mark: tuple[int, int, int, int]) -> bool:
+        """Reopen at the mark unless the cursor is less than a block before it in the same file
+        (a reopen is a new request in a bucket; scanning that far costs less)."""
+        if cursor is None or mark[0] != cursor.file:
+            return cursor is None or mark[0] > cursor.file
+        return isinstance(cursor.reader, _LineReader) and mark[3] > cursor.reader.tell() + readers.BLOCK
 
     def _mark_before(self, target: int) -> tuple[int, int, int, int] | None:
         """The last known line start at or before the global row `target` in the file holding it:
