@@ -146,7 +146,7 @@ def run_job(manifest: dict[str, Any], work: Path, name: str, extra_env: dict[str
     env = {**bench_env(), **(extra_env or {}), contract.MURALIST_LOCAL: "1"}
     procs, logs, terms, commands = [], [], [], []
     started_at, start = time.time(), time.perf_counter()
-    agents = local.agent_commands(runtime, str(spec_file), local.free_port_range(nodes), local.free_port())
+    agents = local.agent_commands(runtime, str(spec_file), *local.local_ports(nodes))
     for node, (argv, agent_env) in enumerate(agents):
         term = work / f"{name}.termination-{node}"
         term.unlink(missing_ok=True)

@@ -40,7 +40,6 @@ import concurrent.futures
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -228,9 +227,10 @@ class Operator:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port to listen on, below the ephemeral range (no outgoing connection takes it meanwhile)."""
+    from muralist_runtime.local import free_port_range
+
+    return free_port_range(1)
 
 
 def process_tree(pid: int) -> Iterator[int]:

@@ -37,7 +37,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -219,9 +218,10 @@ def run_muralist(model: Path, texts: list[str], batch_size: int, work: Path, out
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port to listen on, below the ephemeral range (no outgoing connection takes it meanwhile)."""
+    from muralist_runtime.local import free_port_range
+
+    return free_port_range(1)
 
 
 def children_cpu() -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,9 +46,10 @@ def apply_crd(api: Any) -> dict[str, Any]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port to listen on, free now and below the ephemeral range (muralist_runtime.local)."""
+    from muralist_runtime.local import free_port_range
+
+    return free_port_range(1)
 
 
 class OperatorProcess:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import signal
 import socket
@@ -45,10 +46,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Ports picked for the agents' worlds and the claim store start here, below the kernel's
+# ephemeral range (EPHEMERAL_RANGE), where no outgoing connection takes its source port.
+LISTEN_PORTS_FROM = 20000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port_range(count: int) -> int:
-    """The first of `count` consecutive ports free now (the worlds of the agents)."""
+    """The first of `count` consecutive ports free now (the worlds of the agents), below the
+    ephemeral range: a port found free there stays free until the run listens on it, where a port
+    of bind(0) could meanwhile become the source port of any process's outgoing connection
+    (EADDRINUSE when the store starts: seen once under two test workers)."""
+    pick = random.SystemRandom()
+    below = _ephemeral_start() - count
     for _ in range(50):
-        first = free_port()
+        first = pick.randrange(LISTEN_PORTS_FROM, below) if below > LISTEN_PORTS_FROM else free_port()
         try:
             socks = []
             for port in range(first, first + count):

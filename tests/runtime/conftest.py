@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,12 +23,6 @@ from muralist_runtime.testing import zygote
 from tests.builders import JobBuilder
 
 PROMPTS = ["a red fox", "a lighthouse in a storm", {"text": "a robot in a garden", "seed": 42}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RuntimeJobBuilder(JobBuilder):

@@ -23,7 +23,8 @@ import yaml
 from muralist_api import contract
 from muralist_runtime.outputs import shards
 
-from tests.runtime.conftest import Run, free_port, runtime_spec_json
+from tests.operator_helpers import free_port
+from tests.runtime.conftest import Run, runtime_spec_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
 RECORD: list[dict[str, Any]] = json.loads((FIXTURES / "fixtures.json").read_text())["fixtures"]

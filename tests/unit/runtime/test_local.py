@@ -177,3 +177,18 @@ def test_the_output_may_be_a_uri_staged_locally(tmp_path: Path) -> None:
     assert local.output_location(job, None, tmp_path) == (str(tmp_path / "output"), "s3://results/runs/a")
     assert local.output_location(job, "gs://other/x/", tmp_path) == (str(tmp_path / "output"), "gs://other/x")
     assert local.output_location(job, str(tmp_path / "here"), tmp_path) == (str(tmp_path / "here"), None)
+
+
+def test_local_ports_are_free_and_below_the_ephemeral_range() -> None:
+    # An outgoing connection takes its source port from the ephemeral range: a port picked there
+    # and released could be taken before the run's store listens on it.
+    import socket
+
+    start = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for nodes in (1, 3):
+        first, claims = local.local_ports(nodes)
+        assert claims == first + nodes
+        assert first >= local.LISTEN_PORTS_FROM and claims < start
+        for port in range(first, claims + 1):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from muralist_runtime.work.claims import ClaimClient, ClaimServer, ClaimStoreUnavailable
 
+from tests.operator_helpers import free_port
+
 pytest.importorskip("torch.distributed")
 
 HOST = "127.0.0.1"
@@ -63,12 +65,6 @@ def in_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
         return box["value"]
 
     return result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def test_clients_in_threads_claim_every_chunk_exactly_once() -> None:

@@ -3,21 +3,15 @@ merged job that finds nothing left (real TCPStores on 127.0.0.1)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from muralist_api import contract
 from muralist_runtime.work import store
 from muralist_runtime.work.chunks import NothingLeft
 from muralist_runtime.world.distributed import Layout
 
+from tests.operator_helpers import free_port
+
 pytest.importorskip("torch.distributed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def layout(pod_index: int, local_rank: int, group_size: int = 1) -> Layout:
