@@ -16,7 +16,11 @@ export MURALIST_REQUIRE_DOCKER=1
 export MURALIST_REQUIRE_E2E=1
 # And the gallery's browser test (Debian's chromium and chromedriver, installed when missing).
 export MURALIST_REQUIRE_BROWSER=1
-bash hack/checks.sh   # ruff, lint-imports, mypy: also the pre-commit hooks
+# ruff, lint-imports, mypy and the docs build (also the pre-commit hooks) run beside pytest's start,
+# one core for ~25 s; their report follows pytest's, and a failure fails the run.
+checks_log=$(mktemp)
+bash hack/checks.sh > "$checks_log" 2>&1 &
+checks_pid=$!
 # Two pytest-xdist workers by default: the real-node chain (image builds and pods) on one, the
 # rest beside it (tests/parallel_plugin.py). On 2 cores a clean clone's .ci/run took 20.8 min with
 # two workers against 28.5-33 in one process (2026-12-03); MURALIST_TEST_WORKERS=0 runs one
@@ -27,4 +31,16 @@ if [ "$workers" != 0 ]; then
     parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)
 fi
 # The 30 slowest steps close every run: where the CI budget (warm <= 15 min) goes.
-exec "$VENV/bin/python" -m pytest "${parallel[@]}" --durations=30 "$@"
+set +e
+"$VENV/bin/python" -m pytest "${parallel[@]}" --durations=30 "$@"
+status=$?
+wait "$checks_pid"
+checks_status=$?
+set -e
+cat "$checks_log"
+rm -f "$checks_log"
+if [ "$checks_status" -ne 0 ]; then
+    echo "hack/checks.sh failed (exit $checks_status): see its report above" >&2
+    [ "$status" -ne 0 ] || status=$checks_status
+fi
+exit "$status"
