@@ -21,11 +21,12 @@ export MURALIST_REQUIRE_BROWSER=1
 checks_log=$(mktemp)
 bash hack/checks.sh > "$checks_log" 2>&1 &
 checks_pid=$!
-# Two pytest-xdist workers by default: the real-node chain (image builds and pods) on one, the
-# rest beside it (tests/parallel_plugin.py). On 2 cores a clean clone's .ci/run took 20.8 min with
-# two workers against 28.5-33 in one process (2026-12-03); MURALIST_TEST_WORKERS=0 runs one
-# process (for -s, pdb, or a single test): see docs/development/tests.md.
-workers=${MURALIST_TEST_WORKERS:-2}
+# Three pytest-xdist workers by default: the real-node chain (image builds and pods) on one, the
+# rest beside it (tests/parallel_plugin.py). On 2 cores, with the runtime tests' ranks forked from
+# a warm zygote, a clean clone's .ci/run took 12.6 min with three workers against 15.3 with two
+# (2026-12-03): the real-node chain waits on pods, which leaves a third of a core idle under two;
+# MURALIST_TEST_WORKERS=0 runs one process (for -s, pdb, or a single test): docs/development/tests.md.
+workers=${MURALIST_TEST_WORKERS:-3}
 parallel=()
 if [ "$workers" != 0 ]; then
     parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)

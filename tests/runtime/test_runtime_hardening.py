@@ -119,7 +119,7 @@ def test_uneven_sequence_on_cpu_is_refused_before_loading(tmp_path: Path, runtim
     job["generation"]["extraArgs"] = {"max_sequence_length": 15}  # 15 tokens over 2 ranks
     run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2, timeout=120)
     assert run.returncode != 0
-    assert run.termination["exitCode"] == PERMANENT_FAILURE_EXIT_CODE
+    assert run.termination.get("exitCode") == PERMANENT_FAILURE_EXIT_CODE, run.stderr[-4000:]
     assert run.termination["message"] == (
         "spec.generation.extraArgs.max_sequence_length: text sequence of 15 tokens is not "
         "divisible by ringDegree x ulyssesDegree 2; use a multiple of 2 (uneven splits need GPUs)")

@@ -177,7 +177,7 @@ def test_permanent_failures_exit_78(tmp_path: Path, runtime_env, tiny_model, job
     # Admission accepts these; only the runtime, on the machine, can see that they cannot run.
     start = time.monotonic()
     run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2, timeout=120)
-    assert run.returncode == PERMANENT_FAILURE_EXIT_CODE
+    assert run.returncode == PERMANENT_FAILURE_EXIT_CODE, run.stderr[-4000:]
     # One line for the pod, from the launch entry point (both ranks fail, neither prints it),
     # and not torchrun's report of the first failed worker.
     lines = [line for line in run.stderr.splitlines() if line.startswith(f"muralist: {field}:")]

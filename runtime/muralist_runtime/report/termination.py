@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from muralist_api import contract
@@ -40,6 +44,31 @@ def permanent_verdict_line(text: str) -> str | None:
     return f"muralist: {report.message} (exit {contract.PERMANENT_FAILURE_EXIT_CODE}: permanent, not retried)"
 
 
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT wait until the block ends, then act as they would have.
+
+    torchrun stops the other ranks the moment one fails, and ranks that refuse the same spec
+    fail at the same moment: one stopped between truncating the message and writing its own
+    leaves the file empty, and the pod's permanent verdict is lost (seen under load, two ranks
+    started together). Python handlers run in the main thread only, where this is called from;
+    elsewhere the block runs unprotected.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGTERM, signal.SIGINT)
+    previous = {signum: signal.signal(signum, lambda signum, _frame: caught.append(signum)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        for number in dict.fromkeys(caught):
+            signal.raise_signal(number)
+
+
 def write_termination(report: contract.Termination) -> None:
     """Replace the termination message under an exclusive lock, unless it holds a more severe one.
 
@@ -52,7 +81,8 @@ def write_termination(report: contract.Termination) -> None:
     if path is None:
         return
     try:
-        with os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+", encoding="utf-8") as f:
+        with _stop_signals_held(), os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+",
+                                             encoding="utf-8") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             if contract.message_severity(f.read()) > report.severity:
                 return

@@ -88,3 +88,35 @@ def test_parse_reads_what_to_json_writes() -> None:
     assert Termination.parse("Traceback (most recent call last):") is None
     assert contract.is_permanent(1, report.to_json()) and contract.is_permanent(78, "")
     assert not contract.is_permanent(1, "oom")
+
+
+STOPPED_MID_WRITE = """
+import os, signal, sys
+from muralist_api import contract
+from muralist_api.contract import Counts, Termination
+from muralist_runtime.report import termination
+
+real = Termination.to_json
+def to_json(self):  # called after the file is truncated: torchrun's SIGTERM arrives right then
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(self)
+Termination.to_json = to_json
+termination.write_termination(Termination(Counts(), contract.PERMANENT_FAILURE_EXIT_CODE, True,
+                                          "PermanentFailure", "spec.x: the second rank's words"))
+print("not reached: the held SIGTERM acts once the message is whole")
+"""
+
+
+def test_a_rank_stopped_while_writing_leaves_a_whole_message(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "termination-log"
+    first = Termination(Counts(), contract.PERMANENT_FAILURE_EXIT_CODE, True, "PermanentFailure",
+                        "spec.x: the first rank's words")
+    path.write_text(first.to_json())
+    proc = subprocess.run([sys.executable, "-c", STOPPED_MID_WRITE], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, contract.MURALIST_TERMINATION_LOG: str(path)})
+    assert proc.returncode == -15, proc.stderr
+    assert "not reached" not in proc.stdout
+    assert json.loads(path.read_text())["message"] == "spec.x: the second rank's words"
