@@ -239,6 +239,8 @@ def serve(path: str, warm: bool = True, modules: list[str] | None = None) -> Non
             try:
                 listener.close()
                 conn.close()
+                for other in children.values():  # the other ranks' connections: theirs to end
+                    other.close()
                 signal.set_wakeup_fd(-1)
                 os.close(wake_r)
                 os.close(wake_w)
