@@ -283,7 +283,8 @@ def rendered_job(name: str, namespace: str) -> dict[str, Any]:
     """The Job the operator would create for dj_manifest(name), without the operator: the
     floor of the Job controller for exactly our Job (per-index retries, podFailurePolicy)."""
     from muralist_api.rules.problems import parse_job
-    from muralist_operator.render import OperatorSettings, render_job
+    from muralist_operator.render import render_job
+    from muralist_operator.settings import OperatorSettings
 
     job = render_job(parse_job(dj_manifest(name, namespace)), namespace,
                      OperatorSettings(runtime_image="muralist-runtime:bench"))

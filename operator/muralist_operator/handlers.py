@@ -12,10 +12,10 @@ from typing import Any
 import kopf
 from muralist_api.job import GROUP, PLURAL, VERSION
 
+from muralist_operator.naming import LABEL_COMPONENT, LABEL_JOB
 from muralist_operator.observe import job_view, owner_of, pod_view
 from muralist_operator.progress.auth import PodInfo, pod_info
 from muralist_operator.reconciler import Key, Reconciler, RenderFailure
-from muralist_operator.render import LABEL_COMPONENT, LABEL_JOB
 
 __all__ = ["RECONCILER", "Reconciler", "RenderFailure", "reconciler"]
 

@@ -27,10 +27,10 @@ from muralist_operator.decision import (
     StopPod,
     Transition,
 )
+from muralist_operator.naming import pod_selector
 from muralist_operator.observe import Observed, PodView
 from muralist_operator.policies import deadline, failure, resize, stall, suspension, ttl, world
 from muralist_operator.progress.aggregate import JobProgress
-from muralist_operator.render import pod_selector
 
 
 def eta_text(seconds: int | None) -> str:

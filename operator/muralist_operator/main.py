@@ -20,13 +20,14 @@ from muralist_api.contract import MURALIST_RUNTIME_IMAGE
 
 from muralist_operator import handlers, metrics
 from muralist_operator.kube import Kube, load_config
+from muralist_operator.naming import LABEL_JOB
 from muralist_operator.peering import Peering
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import TokenVerifier
 from muralist_operator.progress.connections import Limits
 from muralist_operator.progress.server import ProgressServer
 from muralist_operator.progress.tls import TlsMaterial, ensure_certificate, read_mounted
-from muralist_operator.render import LABEL_JOB, OperatorSettings
+from muralist_operator.settings import OperatorSettings
 
 log = logging.getLogger("muralist.operator")
 

@@ -14,7 +14,8 @@ import yaml
 from muralist_api.job import DiffusionJob
 from muralist_api.manifests import Reader
 
-from muralist_operator.render import OperatorSettings, RenderError, render_children
+from muralist_operator.render import RenderError, render_children
+from muralist_operator.settings import OperatorSettings
 
 
 def summary_line(job: DiffusionJob) -> str:

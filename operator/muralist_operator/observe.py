@@ -14,8 +14,9 @@ from typing import Any
 from muralist_api import contract
 from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, INDEX_FAILURE_COUNT_ANNOTATION
 
+from muralist_operator.naming import LABEL_JOB
+from muralist_operator.pod import DISRUPTION_TARGET
 from muralist_operator.progress.aggregate import JobProgress
-from muralist_operator.render import DISRUPTION_TARGET, LABEL_JOB
 
 # Set by the operator on a pod it deletes ("Reason: why"): it made no progress, or a pod of its
 # world failed; so that the index's failure says why (the pod itself only shows exit code 137).

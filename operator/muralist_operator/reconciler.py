@@ -45,7 +45,8 @@ from muralist_operator.observe import Observed, PodView
 from muralist_operator.policies import stall
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import PodInfo
-from muralist_operator.render import Children, OperatorSettings, render_children
+from muralist_operator.render import Children, render_children
+from muralist_operator.settings import OperatorSettings
 
 log = logging.getLogger("muralist.operator")
 Key = tuple[str, str]

@@ -32,7 +32,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, PROGRESS_AUDIENCE
 
-from muralist_operator.render import LABEL_JOB
+from muralist_operator.naming import LABEL_JOB
 
 log = logging.getLogger("muralist.progress.auth")
 

@@ -17,7 +17,7 @@ from muralist_operator import reconciler as reconciler_module
 from muralist_operator.decision import CreateJob, Decision
 from muralist_operator.observe import PodView
 from muralist_operator.progress.aggregate import Aggregator
-from muralist_operator.render import OperatorSettings
+from muralist_operator.settings import OperatorSettings
 
 from tests.builders import make_job
 from tests.views import NOW, job_view, pod

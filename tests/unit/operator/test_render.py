@@ -9,13 +9,10 @@ import pytest
 import yaml
 from muralist_api import contract
 from muralist_api.job import ContextParallelSpec
+from muralist_api.rules.catalog import CONFIGMAP_MAX_BYTES
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_operator.render import (
-    CONFIGMAP_MAX_BYTES,
-    OperatorSettings,
-    RenderError,
-    render_children,
-)
+from muralist_operator.render import RenderError, render_children
+from muralist_operator.settings import OperatorSettings
 
 from tests.builders import make_job
 

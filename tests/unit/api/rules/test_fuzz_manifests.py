@@ -29,7 +29,8 @@ from muralist_operator.decision import CreateJob
 from muralist_operator.lifecycle import decide
 from muralist_operator.manifests import validate_files
 from muralist_operator.observe import Observed
-from muralist_operator.render import OperatorSettings, RenderError, render_children
+from muralist_operator.render import RenderError, render_children
+from muralist_operator.settings import OperatorSettings
 
 from tests.paths import REPO
 
