@@ -63,6 +63,7 @@ import controlplane  # noqa: E402  (hack/controlplane.py)
 from muralist_api import GROUP, PLURAL, VERSION  # noqa: E402
 
 from tests.builders import make_job  # noqa: E402
+from tests.operator_helpers import free_port  # noqa: E402
 
 CRD_FILE = REPO / "crds" / "muralist.dev_diffusionjobs.yaml"
 NODES = tuple(f"kwok-gpu-{i}" for i in range(4))  # 440 pod slots: a round of 200 and leftovers
@@ -224,13 +225,6 @@ class Operator:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
-
-
-def free_port() -> int:
-    """A port to listen on, below the ephemeral range (no outgoing connection takes it meanwhile)."""
-    from muralist_runtime.local import free_port_range
-
-    return free_port_range(1)
 
 
 def process_tree(pid: int) -> Iterator[int]:

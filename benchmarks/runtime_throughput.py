@@ -199,9 +199,11 @@ def bench_env(call_log: Path) -> dict[str, str]:
 
 def run_reference(model: Path, prompts_file: Path, out: Path, size: int, tokens: int,
                   calls: Path) -> tuple[float, float]:
+    from muralist_runtime.local import free_port_range  # below the ephemeral range: nothing takes it meanwhile
+
     cmd = [str(VENV_BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(HERE / "reference_accelerate.py"),
+           "--main_process_port", str(free_port_range(1)), str(HERE / "reference_accelerate.py"),
            "--model", str(model), "--prompts", str(prompts_file), "--output", str(out),
            "--steps", str(STEPS), "--height", str(size), "--width", str(size),
            "--guidance-scale", str(GUIDANCE), "--max-sequence-length", str(tokens)]
@@ -215,13 +217,6 @@ def run_muralist(model: Path, texts: list[str], batch_size: int, work: Path, out
     cmd = [str(VENV_BIN / "muralist"), "run", str(manifest), "--model", str(model),
            "--output", str(out)]
     return timed(cmd, calls)
-
-
-def free_port() -> int:
-    """A port to listen on, below the ephemeral range (no outgoing connection takes it meanwhile)."""
-    from muralist_runtime.local import free_port_range
-
-    return free_port_range(1)
 
 
 def children_cpu() -> float:

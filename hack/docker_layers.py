@@ -60,7 +60,10 @@ class Layer:
     def _entries(self) -> Iterator[dict[str, Any]]:
         with gzip.open(self.tar_split, "rt") as f:
             for line in f:
-                yield json.loads(line)
+                entry = json.loads(line)
+                if entry["type"] not in (TAR_SPLIT_FILE, TAR_SPLIT_SEGMENT):
+                    raise LayerMismatch(f"{self.tar_split}: a tar-split entry of unknown type {entry['type']!r}")
+                yield entry
 
     def size(self) -> int:
         """The tar's length in bytes, from the record alone."""
