@@ -41,10 +41,16 @@ node_packages() {
     done
     if ((${#missing[@]})); then
         echo "installing ${missing[*]}" >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null ||
-            { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive \
-                apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
+        apt_get install -y --no-install-recommends "${missing[@]}" >/dev/null ||
+            { apt_get update >/dev/null && apt_get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
     fi
+}
+
+# One apt at a time: the test tiers install their packages beside this (tests/apt.py, the same
+# lock); another apt on the machine makes apt-get wait for dpkg's lock instead of failing.
+apt_get() {
+    DEBIAN_FRONTEND=noninteractive flock "${TMPDIR:-/tmp}/muralist-apt.lock" \
+        apt-get -o DPkg::Lock::Timeout=600 "$@"
 }
 
 [[ $# -ge 1 ]] || usage

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests import summary_plugin
+from tests import apt, summary_plugin
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -77,12 +77,10 @@ def install_chromium(config: pytest.Config) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         unavailable(f"no {CHROMIUM} or {CHROMEDRIVER}, and they cannot be installed here (needs root and "
                     f"apt-get): {hint}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     with timed(config, f"apt-get install {' '.join(APT_PACKAGES)}"):
-        for args in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *APT_PACKAGES]):
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
-            if proc.returncode != 0:
-                unavailable(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        failed = apt.install(APT_PACKAGES)
+    if failed:
+        unavailable(failed)
 
 
 def version(binary: Path) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import summary_plugin
+from tests import apt, summary_plugin
 
 BASE_IMAGE = "muralist-base:bookworm"
 TEST_LABEL = "dev.muralist.test-build=true"
@@ -105,9 +105,9 @@ def install_docker(config: pytest.Config) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         unavailable("no Docker engine, and docker.io cannot be installed here (needs root and apt-get)")
     with timed(config, "apt-get install docker.io debootstrap"):
-        env = {"DEBIAN_FRONTEND": "noninteractive"}
-        sh("apt-get", "update", env=env)
-        sh("apt-get", "install", "-y", "--no-install-recommends", "docker.io", "debootstrap", env=env)
+        failed = apt.install(["docker.io", "debootstrap"])
+    if failed:
+        raise AssertionError(failed)
 
 
 def start_dockerd(config: pytest.Config, cli: str) -> tuple[subprocess.Popen[bytes], Path]:
