@@ -133,7 +133,9 @@ def test_indexed_job_pods_run_on_kwok_nodes_and_complete(kube_api: Any, namespac
                 "completionMode": "Indexed",
                 "backoffLimit": 0,
                 "template": {
-                    "metadata": {"annotations": {"fate.muralist.dev/after": "500ms"}},
+                    # Running until told: both pods hold their 8 GPUs at once (a pod that has
+                    # finished holds none, so one started after the other ended may share its node).
+                    "metadata": {"annotations": {"fate.muralist.dev/outcome": "run"}},
                     "spec": {
                         "restartPolicy": "Never",
                         "containers": [
@@ -149,17 +151,28 @@ def test_indexed_job_pods_run_on_kwok_nodes_and_complete(kube_api: Any, namespac
         },
     )
 
+    def pods() -> list[Any]:
+        return list(core.list_namespaced_pod(namespace, label_selector="job-name=render").items)
+
+    wait_for(lambda: [p.status.phase for p in pods()] == ["Running"] * 2, timeout=60,
+             message="both pods of Job render Running")
+    # 8 GPUs each, both held: the two pods can only fit on different nodes.
+    assert sorted(p.spec.node_name for p in pods()) == ["kwok-gpu-0", "kwok-gpu-1"]
+    for pod in pods():
+        core.patch_namespaced_pod(pod.metadata.name, namespace,
+                                  {"metadata": {"annotations": {"fate.muralist.dev/outcome": "succeed",
+                                                                "fate.muralist.dev/after": "0s"}}})
+
     def complete() -> bool:
         conditions = batch.read_namespaced_job("render", namespace).status.conditions or []
         return any(c.type == "Complete" and c.status == "True" for c in conditions)
 
     wait_for(complete, timeout=60, message="Job render Complete")
-    pods = core.list_namespaced_pod(namespace, label_selector="job-name=render").items
-    # 8 GPUs each: the two pods can only fit on different nodes.
-    assert sorted(p.spec.node_name for p in pods) == ["kwok-gpu-0", "kwok-gpu-1"]
-    indexes = sorted(p.metadata.annotations["batch.kubernetes.io/job-completion-index"] for p in pods)
+    finished = pods()
+    assert sorted(p.spec.node_name for p in finished) == ["kwok-gpu-0", "kwok-gpu-1"]
+    indexes = sorted(p.metadata.annotations["batch.kubernetes.io/job-completion-index"] for p in finished)
     assert indexes == ["0", "1"]
-    for pod in pods:
+    for pod in finished:
         assert pod.status.phase == "Succeeded"
         assert pod.status.pod_ip
         terminated = pod.status.container_statuses[0].state.terminated
