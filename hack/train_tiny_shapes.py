@@ -4,6 +4,7 @@
     python hack/train_tiny_shapes.py                 # a full run into the committed folder (see --output)
     python hack/train_tiny_shapes.py --resume DIR --steps N --eval 90   # train DIR's transformer further
     python hack/train_tiny_shapes.py --quick --output /tmp/shapes   # a short run, to try changes
+    python hack/train_tiny_shapes.py --evaluate DIR --eval 900 --seeds-from 3000000   # read back more seeds
 
 The committed weights are what the first command wrote, in one run (six stages of warm
 restarts, the default --steps): docs/concepts/tiny-models.md has its timings, the adherence after
@@ -240,11 +241,23 @@ def main() -> None:
     parser.add_argument("--preview", type=Path, help="write the first 30 evaluation renders here (PNG)")
     parser.add_argument("--resume", type=Path, help="train the transformer of this earlier output further")
     parser.add_argument("--quick", action="store_true", help="a few minutes: fewer images and steps")
+    parser.add_argument("--evaluate", type=Path, nargs="+", metavar="DIR",
+                        help="train nothing: read back --eval renders of each folder, seeds from --seeds-from")
+    parser.add_argument("--seeds-from", type=int, default=shapes.EVALUATION_SEED_START,
+                        help=f"first seed of --evaluate (the tests': {shapes.EVALUATION_SEED_START:,}; validation's: "
+                             f"{VALIDATION_SEED_START:,})")
     args = parser.parse_args()
     if args.quick:
         args.images, args.vae_steps, args.steps, args.eval = 4000, 150, [300], 60
     torch.set_num_threads(args.threads)
     start = time.monotonic()
+    if args.evaluate:
+        for folder in args.evaluate:
+            pipe = FluxPipeline.from_pretrained(folder)
+            pipe.set_progress_bar_config(disable=True)
+            score, _ = evaluate(pipe, args.eval, args.eval_steps, seeds_from=args.seeds_from)
+            log(start, f"{folder}: adherence {score:.1%} on {args.eval} prompts, seeds from {args.seeds_from:,}")
+        return
     generator = torch.Generator("cpu").manual_seed(args.seed)
 
     scenes = shapes.training_scenes(args.images, args.seed)
