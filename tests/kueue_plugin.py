@@ -128,7 +128,9 @@ def manager_config(cert_dir: Path, health_port: int, webhook_port: int) -> dict[
         "integrations": {"frameworks": ["batch/job"]},
         # Its aggregated API server authenticates callers through an in-cluster configuration,
         # which a process outside a pod does not have (it exits); no test asks it anything.
-        "featureGates": {"VisibilityOnDemand": False},
+        # Elastic workload slices (alpha): on, as a cluster that resizes queued jobs in place runs it;
+        # only Jobs annotated kueue.x-k8s.io/elastic-job use them.
+        "featureGates": {"VisibilityOnDemand": False, "ElasticJobsViaWorkloadSlices": True},
         # Loopback and a handful of objects: no client-side throttling.
         "clientConnection": {"qps": -1, "burst": 1},
     }

@@ -20,7 +20,7 @@ from muralist_api.base import ApiModel, KubeObject, relative_path
 from muralist_api.cel import CelRule, cel_list, python_rule
 from muralist_api.data import Dataset, Inputs, PromptsFrom, PromptSpec
 from muralist_api.options import Adapter, CacheSpec, SchedulerSpec
-from muralist_api.pods import PodTemplate, RunPolicy
+from muralist_api.pods import KUEUE_TOPOLOGY_ANNOTATIONS, PodTemplate, RunPolicy
 from muralist_api.rules import catalog, problems
 from muralist_api.rules.catalog import ATTENTION_BACKENDS, DNS_LABEL_MAX
 from muralist_api.status import DiffusionJobStatus
@@ -452,6 +452,21 @@ class DiffusionJobSpec(ApiModel):
             f"become their environment); use the same Secret as spec.{a}.credentialsSecret",
             mirrors=problems._storage_problems,
         ) for a, b in (("dataset", "inputs"), ("dataset", "output"), ("inputs", "output"))),
+        CelRule(
+            "!has(self.runPolicy) || !has(self.runPolicy.workloadSlices) || !self.runPolicy.workloadSlices || "
+            "has(self.runPolicy.queueName)",
+            "spec.runPolicy.workloadSlices: resizes through Kueue, which admits only a queued job; set "
+            "runPolicy.queueName or remove workloadSlices",
+            mirrors=problems._queue_problems,
+        ),
+        CelRule(
+            "!has(self.runPolicy) || !has(self.runPolicy.workloadSlices) || !self.runPolicy.workloadSlices || "
+            "!has(self.podTemplate) || !has(self.podTemplate.annotations) || "
+            f"!{cel_list(list(KUEUE_TOPOLOGY_ANNOTATIONS))}.exists(k, k in self.podTemplate.annotations)",
+            "spec.runPolicy.workloadSlices: Kueue does not resize a job whose pods request a topology "
+            "(podTemplate.annotations); remove the topology annotation or workloadSlices",
+            mirrors=problems._queue_problems,
+        ),
         CelRule(
             "has(self.promptsFrom) == has(oldSelf.promptsFrom)",
             "spec.promptsFrom cannot be added or removed after creation; create a new DiffusionJob",

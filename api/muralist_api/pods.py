@@ -56,6 +56,9 @@ class PodTemplate(ApiModel):
         return env
 
 
+# Kueue's topology requests on a pod template; its elastic workload slices take neither.
+KUEUE_TOPOLOGY_ANNOTATIONS = ("kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology")
+
 # Failed items a job tolerates unless runPolicy.maxFailedItems says otherwise (RunPolicy says why).
 DEFAULT_MAX_FAILED_ITEMS = "1%"
 # Whatever the limit: no item completed once this many chunks, holding this many items or more,
@@ -90,6 +93,20 @@ class RunPolicy(ApiModel):
     suspend: bool = Field(False, description="Suspend: delete running pods, keep outputs.")
     queue_name: str | None = Field(
         None, description="Kueue LocalQueue; the Job is created suspended for Kueue to admit."
+    )
+    workload_slices: Annotated[bool, CelRule(
+        "self == oldSelf",
+        "spec.runPolicy.workloadSlices cannot change after creation (it is in the pods' template); create a new "
+        "DiffusionJob",
+        cel_only="a transition rule: Python validates a manifest, not a change to one",
+    )] = Field(
+        False,
+        description="Resize a queued job through Kueue's elastic workload slices: the running pods go on "
+        "rendering while Kueue admits the new size (a new pod waits behind a scheduling gate until then), where "
+        "otherwise Kueue suspends a resized job and admits it again at its new size, every pod restarted. Needs "
+        "queueName, and Kueue with its feature gate ElasticJobsViaWorkloadSlices on (alpha in v0.17: without it "
+        "the pods never start); not with a required or preferred topology (Kueue refuses those). Fixed at "
+        "creation.",
     )
     termination_grace_period_seconds: int | None = Field(
         None,

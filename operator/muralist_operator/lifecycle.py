@@ -225,14 +225,25 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
                 "the Job retries it alone")
     running = sum(1 for s in indexes.values() if s.newest.phase == "Running" and not s.newest.deleting)
     done = sum(1 for s in indexes.values() if s.newest.phase == "Succeeded")
+    reason, message = _running_message(job, indexes, running)
     if running + done >= par.nodes or current.ready >= par.nodes or st.phase == Phase.RUNNING:
-        # Once running, a job stays Running while single indexes are retried.
-        t.phase(Phase.RUNNING, *_running_message(job, indexes, running))
+        # Once running, a job stays Running while single indexes are retried or wait for Kueue.
+        t.phase(Phase.RUNNING, reason, message + _gated_note(job, indexes, running))
     else:
-        reason, message = _running_message(job, indexes, running)
         t.phase(Phase.PENDING, "Starting" if reason == "Running" else reason,
-                f"{running}/{par.nodes} pod(s) running" if reason == "Running" else message)
+                (f"{running}/{par.nodes} pod(s) running" if reason == "Running" else message)
+                + _gated_note(job, indexes, running))
     return t.decision
+
+
+def _gated_note(job: DiffusionJob, indexes: failure.Indexes, running: int) -> str:
+    """What a resize through Kueue's workload slices waits for: the pods of the new size are held
+    back until Kueue admits it (the running ones go on)."""
+    gated = sum(1 for s in indexes.values() if s.newest.gated and not s.newest.deleting)
+    if not gated or not job.spec.run_policy.workload_slices:
+        return ""
+    return (f"; {gated} pod(s) wait for Kueue to admit {job.spec.parallelism.nodes} pod(s) from queue "
+            f"{job.spec.run_policy.queue_name} ({running} running)")
 
 
 def _where(job: DiffusionJob) -> str:

@@ -11,6 +11,10 @@ LABEL_JOB = "muralist.dev/job-name"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
 KUEUE_QUEUE_LABEL = KUEUE_LABEL_PREFIX + "queue-name"
+# runPolicy.workloadSlices: Kueue's opt-in annotation on the Job, and the scheduling gate its Job
+# webhook would put in the pod template (the same name); Kueue lifts the gate of a pod once the
+# Workload slice that counts it is admitted.
+KUEUE_ELASTIC_JOB = KUEUE_LABEL_PREFIX + "elastic-job"
 BASE_LABELS = {"app.kubernetes.io/name": "muralist", "app.kubernetes.io/managed-by": "muralist-operator"}
 
 

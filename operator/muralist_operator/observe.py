@@ -78,6 +78,7 @@ class PodView:
     # truth for a finished pod's counts, pushed progress or not.
     counts: contract.Counts | None = None
     cache_sample: contract.CacheSample | None = None  # generation.cache.verify, from the termination message
+    gated: bool = False  # held back by a scheduling gate (Kueue's, until it admits the size that counts the pod)
 
     @property
     def stop_reason(self) -> str:
@@ -163,6 +164,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         finished=finished,
         counts=counts,
         cache_sample=cache_sample,
+        gated=bool((body.get("spec") or {}).get("schedulingGates")),
     )
 
 

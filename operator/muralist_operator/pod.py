@@ -28,7 +28,7 @@ from muralist_api.job import DiffusionJob
 from muralist_api.rules.catalog import TINY_MODEL_NAMES, model_size_gib
 
 from .grace import termination_grace_seconds
-from .naming import claims_host, needs_service, spec_config_map_name, worker_labels
+from .naming import KUEUE_ELASTIC_JOB, claims_host, needs_service, spec_config_map_name, worker_labels
 from .settings import OperatorSettings
 
 CONTAINER_NAME = "runtime"
@@ -234,6 +234,9 @@ def render_pod_template(job: DiffusionJob, namespace: str, settings: OperatorSet
         "priorityClassName": tpl.priority_class_name,
         "schedulerName": tpl.scheduler_name,
         "imagePullSecrets": tpl.image_pull_secrets or None,
+        # Put here rather than left to Kueue's Job webhook, which a cluster may not run: a pod of a
+        # size Kueue has not admitted yet must not start.
+        "schedulingGates": [{"name": KUEUE_ELASTIC_JOB}] if job.spec.run_policy.workload_slices else None,
     }
     pod_spec.update({k: v for k, v in optional.items() if v is not None})
     labels = {**tpl.labels, **worker_labels(job)}

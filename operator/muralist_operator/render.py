@@ -25,6 +25,7 @@ from muralist_api.runtime_spec import RuntimeSpec
 from muralist_api.storage import join_uri
 
 from .naming import (
+    KUEUE_ELASTIC_JOB,
     KUEUE_LABEL_PREFIX,
     KUEUE_QUEUE_LABEL,
     LABEL_COMPONENT,
@@ -188,12 +189,10 @@ def render_job(
     }
     if active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = active_deadline_seconds
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {**object_meta(job, job.metadata.name, namespace, "workers"), "labels": labels},
-        "spec": spec,
-    }
+    metadata = {**object_meta(job, job.metadata.name, namespace, "workers"), "labels": labels}
+    if policy.workload_slices:
+        metadata["annotations"] = {KUEUE_ELASTIC_JOB: "true"}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
 def render_children(

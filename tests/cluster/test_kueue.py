@@ -208,7 +208,7 @@ def scale(dj: DJ, name: str, nodes: int) -> None:
 
 
 def test_resizing_an_admitted_job_queues_it_again_at_its_new_size(dj: DJ, cluster_queue: str) -> None:
-    """Without Kueue's elastic workload slices (an alpha gate), a Workload's pod count is fixed:
+    """Without runPolicy.workloadSlices, a Workload's pod count is fixed:
     Kueue suspends a Job whose size no longer matches its Workload (the pods drain), replaces the
     Workload and admits the job again at the new size when the quota allows it."""
     create_local_queue(dj)
@@ -237,6 +237,83 @@ def test_resizing_an_admitted_job_queues_it_again_at_its_new_size(dj: DJ, cluste
     assert running.get("restarts", 0) == 0
     done = finish(dj, "cats", 3)
     # Neither the suspension nor the resize counts as a failure of any index.
+    assert done.get("restarts", 0) == 0 and not done.get("indexes")
+
+
+def slices(dj: DJ, job_name: str) -> list[dict[str, Any]]:
+    """Every Workload of the Job (one per slice), oldest first."""
+    items = dj.custom.list_namespaced_custom_object(GROUP, VERSION, dj.ns, "workloads")["items"]
+    owned = [w for w in items if any(o["kind"] == "Job" and o["name"] == job_name
+                                     for o in w["metadata"].get("ownerReferences", []))]
+    return sorted(owned, key=lambda w: w["metadata"]["creationTimestamp"])
+
+
+def admitted_slice(dj: DJ, job_name: str, count: int) -> dict[str, Any]:
+    """The one unfinished slice, admitted for `count` pods; the slices before it finished."""
+    def only_admitted() -> dict[str, Any]:
+        found = slices(dj, job_name)
+        live = [w for w in found if not condition(w, "Finished")]
+        if len(live) == 1 and condition(live[0], "Admitted") and live[0]["spec"]["podSets"][0]["count"] == count:
+            return live[0]
+        return {}
+
+    return wait_for(only_admitted, timeout=60, message=f"Kueue to admit a slice of {count} pods for Job {job_name}")
+
+
+def running_uids(dj: DJ, name: str) -> dict[int, str]:
+    return {int(p.metadata.annotations["batch.kubernetes.io/job-completion-index"]): p.metadata.uid
+            for p in dj.pods(name) if p.status.phase == "Running"}
+
+
+def test_workload_slices_resize_a_running_job_without_stopping_it(dj: DJ, cluster_queue: str) -> None:
+    """runPolicy.workloadSlices: a grow within the quota is admitted as a new Workload slice that
+    replaces the old one, the running pods untouched; a grow past the quota waits as a slice of
+    its own while the job goes on at its admitted size, the new pod held by Kueue's scheduling
+    gate; a shrink back within the quota is admitted at once. The Job is never suspended."""
+    create_local_queue(dj)
+    dj.create(queued("cats", nodes=2, gpus=4).run_policy(workloadSlices=True).obj())
+    job = wait_for(lambda: dj.batch.read_namespaced_job("cats", dj.ns), message="Job cats")
+    assert job.metadata.annotations["kueue.x-k8s.io/elastic-job"] == "true"
+    assert [g.name for g in job.spec.template.spec.scheduling_gates] == ["kueue.x-k8s.io/elastic-job"]
+    first = admitted_slice(dj, "cats", 2)
+    pods = dj.wait_pods("cats", 2)
+    # Admitted: Kueue lifted the gate of each pod it counts.
+    assert not any(p.spec.scheduling_gates for p in pods)
+    dj.wait_phase("cats", "Running")
+    before = running_uids(dj, "cats")
+
+    # 4 pods of 4 GPUs: the whole quota. A new slice replaces the admitted one.
+    scale(dj, "cats", 4)
+    grown = admitted_slice(dj, "cats", 4)
+    assert grown["metadata"]["name"] != first["metadata"]["name"]
+    assert condition(next(w for w in slices(dj, "cats") if w["metadata"]["name"] == first["metadata"]["name"]),
+                     "Finished")
+    dj.wait_pods("cats", 4)
+    assert not job_suspended(dj, "cats")
+    four = running_uids(dj, "cats")
+    assert {i: four[i] for i in before} == before, "the pods of the first slice kept running"
+
+    # 5 pods: past the quota. The new slice waits; the four admitted pods go on, the fifth is gated.
+    scale(dj, "cats", 5)
+    fifth = wait_for(lambda: [p for p in dj.pods("cats", index=4) if p.spec.scheduling_gates],
+                     message="the fifth pod, held by Kueue's gate")[0]
+    assert fifth.status.phase == "Pending"
+    pending = wait_for(lambda: [w for w in slices(dj, "cats") if w["spec"]["podSets"][0]["count"] == 5],
+                       message="a Workload slice for 5 pods")[0]
+    assert not condition(pending, "QuotaReserved")
+    waiting = wait_for(lambda: "wait for Kueue" in (s := dj.status("cats")).get("message", "") and s,
+                       message="status: the fifth pod waits for Kueue")
+    assert waiting["phase"] == "Running"
+    assert f"1 pod(s) wait for Kueue to admit 5 pod(s) from queue {LOCAL_QUEUE} (4 running)" in waiting["message"]
+    assert running_uids(dj, "cats") == four and not job_suspended(dj, "cats")
+
+    # Back to 3: the waiting slice is resized and admitted; indexes 3 and 4 drain.
+    scale(dj, "cats", 3)
+    admitted_slice(dj, "cats", 3)
+    wait_for(lambda: len(dj.pods("cats")) == 3, timeout=60, message="indexes 3 and 4 gone")
+    assert running_uids(dj, "cats") == {i: four[i] for i in range(3)}
+    assert not job_suspended(dj, "cats")
+    done = finish(dj, "cats", 3)
     assert done.get("restarts", 0) == 0 and not done.get("indexes")
 
 

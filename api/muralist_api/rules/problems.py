@@ -162,7 +162,8 @@ def _mapping(value: Any) -> dict[str, Any]:
 def spec_problems(spec: DiffusionJobSpec) -> list[Problem]:
     """Every cross-field rule of a spec: (field path, message with the fix); empty when valid."""
     return [*_source_problems(spec), *_storage_problems(spec), *_strategy_section_problems(spec),
-            *_process_problems(spec), *_layout_problems(spec), *_workload_problems(spec), *_size_problems(spec)]
+            *_process_problems(spec), *_layout_problems(spec), *_workload_problems(spec), *_queue_problems(spec),
+            *_size_problems(spec)]
 
 
 @python_rule(no_cel=(
@@ -306,6 +307,25 @@ def _layout_problems(spec: DiffusionJobSpec) -> list[Problem]:
                     f"is {spec.generation.batch_size}, but a {par.strategy} group renders one image at a time "
                     "(batched context parallelism is broken in several models); set batchSize: 1"))
     return out + catalog.plan_problems(par.strategy, catalog.known_layout(spec.model.name, spec.model.pipeline))
+
+
+@python_rule()
+def _queue_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """runPolicy.workloadSlices: Kueue's elastic workload slices need a queue and no topology request."""
+    from muralist_api.pods import KUEUE_TOPOLOGY_ANNOTATIONS
+
+    policy = spec.run_policy
+    if not policy.workload_slices:
+        return []
+    out: list[Problem] = []
+    if policy.queue_name is None:
+        out.append(("spec.runPolicy.workloadSlices", "resizes through Kueue, which admits only a queued job; set "
+                    "runPolicy.queueName or remove workloadSlices"))
+    for key in KUEUE_TOPOLOGY_ANNOTATIONS:
+        if key in spec.pod_template.annotations:
+            out.append(("spec.runPolicy.workloadSlices", f"Kueue does not resize a job whose pods request a topology "
+                        f"(podTemplate.annotations[{key}]); remove that annotation or workloadSlices"))
+    return out
 
 
 @python_rule(no_cel="measures the serialized spec, which CEL cannot; the operator refuses such a job when it parses it")

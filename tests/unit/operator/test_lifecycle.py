@@ -194,6 +194,16 @@ def test_kueue_queued_job_waits_for_admission() -> None:
     assert (d.status.message, d.status.conditions) == (first.status.message, first.status.conditions)
 
 
+def test_a_grow_through_workload_slices_says_which_pods_wait_for_kueue() -> None:
+    job = make_job().world(nodes=3).run_policy(queueName="gpu", workloadSlices=True).job()
+    pods = [pod(0), pod(1), pod(2, phase="Pending", gated=True)]
+    d = decide(job, status(phase="Running"), 2, Observed(job=job_view(completions=3), pods=pods), NOW)
+    assert d.actions == [] and d.status.phase == Phase.RUNNING
+    assert d.status.message.endswith("; 1 pod(s) wait for Kueue to admit 3 pod(s) from queue gpu (2 running)")
+    admitted = decide(job, d.status, 2, Observed(job=job_view(completions=3), pods=[pod(0), pod(1), pod(2)]), NOW)
+    assert "Kueue" not in admitted.status.message
+
+
 def test_deadline_fails_and_stops_the_job() -> None:
     job = make_job().run_policy(activeDeadlineSeconds=60).job()
     st = status(phase="Running", startTime=iso(NOW - timedelta(seconds=61)))

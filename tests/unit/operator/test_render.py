@@ -289,6 +289,15 @@ def test_kueue_labels_of_the_pods_go_on_the_job_where_kueue_reads_them() -> None
     assert job_obj["spec"]["template"]["metadata"]["labels"]["team"] == "vision"
 
 
+def test_workload_slices_opt_the_job_in_and_gate_its_pods_until_kueue_admits_them() -> None:
+    sliced = render_children(make_job().run_policy(queueName="gpu-batch", workloadSlices=True).job(), "ns",
+                             SETTINGS).job
+    assert sliced["metadata"]["annotations"] == {"kueue.x-k8s.io/elastic-job": "true"}
+    assert sliced["spec"]["template"]["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/elastic-job"}]
+    plain = render_children(make_job().run_policy(queueName="gpu-batch").job(), "ns", SETTINGS).job
+    assert "annotations" not in plain["metadata"] and "schedulingGates" not in plain["spec"]["template"]["spec"]
+
+
 def pod_env(job_obj: dict[str, Any], index: int, failures: int = 0) -> dict[str, str]:
     """What the kubelet gives pod `index`: plain values, field references resolved."""
     resolved = {"metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index),

@@ -139,4 +139,17 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
         "spec.generation.cache.verify",
         True,
     ),
+    (
+        "workload-slices-without-a-queue",
+        make_job().run_policy(workloadSlices=True).obj(),
+        "spec.runPolicy.workloadSlices",
+        True,
+    ),
+    (
+        "workload-slices-with-a-required-topology",
+        make_job().run_policy(queueName="gpus", workloadSlices=True)
+        .pod_template(annotations={"kueue.x-k8s.io/podset-required-topology": "kubernetes.io/hostname"}).obj(),
+        "spec.runPolicy.workloadSlices",
+        True,
+    ),
 ]
