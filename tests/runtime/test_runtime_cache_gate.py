@@ -3,8 +3,8 @@ FirstBlockCache passes the gate, an aggressive one fails the job (exit 78, namin
 and the measured value) or, with onFail: DisableCache, turns the cache off for the rest of the job.
 
 On this model (8 steps, 64x64, the 90 unseen seeds of benchmarks/cache_speed.py) FirstBlockCache
-0.1 stays at 30.4 dB PSNR and 0.985 SSIM or above against no cache (most images identical), and
-0.8 falls to 13.9 dB at worst, 20.4 median.
+0.1 stays at 45.7 dB PSNR and 0.999 SSIM or above against no cache (most images identical), and
+0.8 falls to 13.6 dB at worst, 20.1 median (benchmarks/README.md).
 """
 
 from __future__ import annotations
