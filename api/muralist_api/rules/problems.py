@@ -233,7 +233,8 @@ def _input_uses(spec: DiffusionJobSpec) -> tuple[set[str], str]:
     "a job when it parses it"
 ))
 def _workload_problems(spec: DiffusionJobSpec) -> list[Problem]:
-    """Inputs, videos, the scheduler, the cache and adapters against what the catalog knows."""
+    """Inputs, videos, the scheduler, the cache, adapters and the call's extraArgs against what the catalog
+    knows."""
     gen, par = spec.generation, spec.parallelism
     pipeline = spec.model.pipeline or catalog.KNOWN_MODEL_PIPELINES.get(spec.model.name)
     uses, field_name = _input_uses(spec)
@@ -247,6 +248,7 @@ def _workload_problems(spec: DiffusionJobSpec) -> list[Problem]:
         out += workloads.scheduler_problems(gen.scheduler.name)
     if gen.cache is not None:
         out += workloads.cache_problems(gen.cache.type, gen.cache.options, par.strategy)
+    out += workloads.extra_args_problems(gen.extra_args)
     if spec.model.adapters and par.strategy == "TensorParallel" and not spec.model.fuse_adapters:
         out.append(("spec.model.fuseAdapters", "TensorParallel shards the base layers, and a LoRA must be merged "
                     "into them first; set fuseAdapters: true"))

@@ -110,6 +110,45 @@ def input_problems(pipeline: str | None, uses: set[str], field_name: str) -> lis
     return []
 
 
+# -- the pipeline call ---------------------------------------------------------------------------
+
+# Keyword arguments of a pipeline call that the spec or an item already decides, with the field that
+# sets each. In generation.extraArgs they would bypass the spec's bounds and the determinism rule (a
+# generator or latents of its own) or change what an item is behind its record's back, so they are
+# refused there; the runtime sets them last all the same (model/pipeline.py call_kwargs).
+RESERVED_CALL_ARGS: dict[str, str] = {
+    **dict.fromkeys(("prompt", "prompt_2", "prompt_3", "prompt_embeds", "pooled_prompt_embeds"),
+                    "spec.prompts (or spec.dataset.columns.prompt)"),
+    **dict.fromkeys(("negative_prompt", "negative_prompt_2", "negative_prompt_3", "negative_prompt_embeds",
+                     "negative_pooled_prompt_embeds"),
+                    "a prompt's negativePrompt (or spec.dataset.columns.negativePrompt)"),
+    **dict.fromkeys(("generator", "seed", "latents"),
+                    "spec.generation.seed, or a prompt's own seed (each item's noise comes from its seed)"),
+    "num_inference_steps": "spec.generation.steps",
+    "guidance_scale": "spec.generation.guidanceScale",
+    "height": "spec.generation.height",
+    "width": "spec.generation.width",
+    "num_frames": "spec.generation.numFrames",
+    **dict.fromkeys(("num_images_per_prompt", "num_videos_per_prompt"), "spec.generation.imagesPerPrompt"),
+    **dict.fromkeys(("image", "mask_image", "strength"),
+                    "a prompt's image, mask and strength (or the data set's columns) with spec.inputs"),
+    **dict.fromkeys(("output_type", "return_dict"), "spec.output.format (the runtime reads the call's output)"),
+    **dict.fromkeys(("callback_on_step_end", "callback_on_step_end_tensor_inputs"),
+                    "nothing: the runtime's progress uses the step callback"),
+}
+
+
+@python_rule(no_cel=(
+    "extraArgs is free-form (x-kubernetes-preserve-unknown-fields), and CEL cannot see the keys of such an "
+    "object; `muralist validate` and the operator refuse such a job when they parse it"
+))
+def extra_args_problems(extra_args: dict[str, object]) -> list[Problem]:
+    """Keys of generation.extraArgs that the spec or an item sets: each names the field to use instead."""
+    return [(f"spec.generation.extraArgs.{key}",
+             f"is set by the job, not by extraArgs; use {RESERVED_CALL_ARGS[key]}, and remove it from extraArgs")
+            for key in extra_args if key in RESERVED_CALL_ARGS]
+
+
 # -- schedulers --------------------------------------------------------------------------------
 
 # Every scheduler class of diffusers 0.42.1 (tests/unit/api/rules/test_catalog.py compares).

@@ -160,7 +160,10 @@ def call_kwargs(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], steps: i
 
     gen = runtime.spec.generation
     accepted = call_parameters(pipe)
-    kwargs: dict[str, Any] = {
+    # extraArgs first: what the spec and the items decide is set after it (admission refuses those keys
+    # in extraArgs: rules/workloads.py RESERVED_CALL_ARGS).
+    kwargs: dict[str, Any] = dict(gen.extra_args)
+    kwargs |= {
         "prompt": [t.prompt for t in batch],
         "num_inference_steps": steps or gen.steps,
         "guidance_scale": gen.guidance_scale,
@@ -177,7 +180,6 @@ def call_kwargs(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], steps: i
     if gen.num_frames is not None and "num_frames" in accepted:
         kwargs["num_frames"] = gen.num_frames
     kwargs.update(_input_kwargs(accepted, runtime, batch, inputs or [{} for _ in batch]))
-    kwargs.update(gen.extra_args)
     return kwargs
 
 

@@ -152,4 +152,16 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
         "spec.runPolicy.workloadSlices",
         True,
     ),
+    (
+        "extra-args-set-what-the-spec-sets",
+        make_job().generation(extraArgs={"num_inference_steps": 999}).obj(),
+        "spec.generation.extraArgs.num_inference_steps: is set by the job, not by extraArgs; use spec.generation.steps",
+        False,
+    ),
+    (
+        "extra-args-set-an-items-noise",
+        make_job().generation(extraArgs={"prompt": "x", "generator": None}).obj(),
+        "spec.generation.extraArgs.generator",
+        False,
+    ),
 ]
