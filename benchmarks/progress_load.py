@@ -95,7 +95,7 @@ class StubTokenReviews:
     def __init__(self, pods: int) -> None:
         self.pods = {f"sig{i}": i for i in range(pods)}
 
-    def create_token_review(self, body: dict[str, Any]) -> Any:
+    def create_token_review(self, body: dict[str, Any], **_: Any) -> Any:
         index = self.pods.get(body["spec"]["token"].rsplit(".", 1)[-1])
         if index is None:
             return SimpleNamespace(status=SimpleNamespace(authenticated=False, error="invalid bearer token"))

@@ -4,6 +4,10 @@ Thin wrappers over the kubernetes client that make each call idempotent (409 on 
 404 on delete are the expected outcomes of a retry, not errors). Responses nobody reads are not
 turned into client models (`_preload_content=False`): with hundreds of jobs starting at once,
 that deserialization was a good part of the operator's CPU.
+
+Every call has a deadline (`REQUEST_TIMEOUT`, applied by the client `Kube.connect` builds, to
+the operator's calls and the progress endpoint's TokenReviews alike) and bounded retries
+(`RETRIES`): a hung API server costs a thread a bounded wait, never a thread for good.
 """
 
 from __future__ import annotations
@@ -19,10 +23,35 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from muralist_api import GROUP, PLURAL, VERSION
+from urllib3.util.retry import Retry
 
 from muralist_operator.observe import STOPPED_ANNOTATION
 
 log = logging.getLogger("muralist.operator")
+
+# (connect, read) seconds: the read timeout bounds each wait for bytes of an answer. The API
+# server answers our calls in milliseconds, and gives up on its own after 60 s; a connection
+# that says nothing for REQUEST_TIMEOUT[1] is dead (an API server gone, a load balancer that
+# dropped the connection without a reset).
+REQUEST_TIMEOUT = (5.0, 15.0)
+# Retried by urllib3, with backoff: a connection that could not be made (nothing was sent), one
+# read that timed out or broke, and throttling or an API server in the middle of going away
+# (429, 502-504; Retry-After honoured). Any verb: every call of ours can be repeated safely (a
+# create answers 409 once the first one landed, a delete 404, a patch sets the same fields, a
+# TokenReview has no effect). At worst a call takes about 2 x (5 + 15) s before it fails.
+RETRIES = Retry(total=4, connect=2, read=1, status=2, other=0, allowed_methods=None,
+                status_forcelist=(429, 502, 503, 504), backoff_factor=0.5, backoff_max=5.0, raise_on_status=False)
+
+
+class TimedApiClient(client.ApiClient):  # type: ignore[misc]  # the kubernetes client has no type hints
+    """An ApiClient whose every call has a timeout: REQUEST_TIMEOUT unless the call names its own."""
+
+    request_timeout: tuple[float, float] = REQUEST_TIMEOUT
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = self.request_timeout
+        return super().request(method, url, *args, **kwargs)
 
 
 def _unread(fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -54,11 +83,13 @@ class Kube:
     networking: client.NetworkingV1Api
 
     @classmethod
-    def connect(cls, pool: int = 64) -> Kube:
-        config_ = client.Configuration.get_default_copy()
+    def connect(cls, pool: int = 64, configuration: client.Configuration | None = None) -> Kube:
+        """The operator's clients (`configuration`: the loaded kubeconfig's unless given)."""
+        config_ = configuration or client.Configuration.get_default_copy()
         # kopf's workers, the clock and the progress endpoint's verifiers share this client.
         config_.connection_pool_maxsize = pool
-        api = client.ApiClient(config_)
+        config_.retries = RETRIES
+        api = TimedApiClient(config_)
         return cls(
             client.CoreV1Api(api),
             client.BatchV1Api(api),

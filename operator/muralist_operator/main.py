@@ -80,10 +80,16 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     # once, more of them in flight keeps each job's path to its Job short (the GIL is not the
     # limit: a reconcile costs well under a millisecond of Python).
     settings.execution.max_workers = 48
-    # Reconnect watches promptly: a stale stream would delay every reaction.
+    # Reconnect watches promptly: a stale stream would delay every reaction. Each stream ends
+    # within client_timeout; recent kopf also drops one that carries nothing, not even the API
+    # server's bookmarks, for watching.inactivity_timeout (70 s). A stream is resumed from its last
+    # resourceVersion, and listed again when the API server no longer has that (410 Gone).
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    # kopf's own calls (its listings, peering): each within a bound, retried on kopf's backoffs.
     settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 10
     # Only our Jobs and pods, filtered by the API server: a cluster's other workloads never
     # reach this process (the handlers' own label filters stay, as a second line).
     settings.watching.label_selectors["batch", "v1", "jobs"] = LABEL_JOB

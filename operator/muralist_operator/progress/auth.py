@@ -31,6 +31,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, PROGRESS_AUDIENCE
+from urllib3.exceptions import HTTPError
 
 from muralist_operator.naming import LABEL_JOB
 
@@ -46,6 +47,9 @@ NEGATIVE_TTL_SECONDS = 10.0
 # A token is not trusted up to its last second: clocks differ and a post takes time.
 EXPIRY_MARGIN_SECONDS = 30.0
 MAX_CACHE_ENTRIES = 20_000
+# (connect, read) seconds of one TokenReview: a pod waits 10 s for its post's answer (the
+# runtime's report/push.py), and a verifier thread held longer holds up the posts behind it.
+REVIEW_TIMEOUT = (3.0, 4.0)
 
 
 @dataclass(frozen=True)
@@ -179,10 +183,13 @@ class TokenVerifier:
         }
         try:
             self.reviews += 1
-            review = self._api.create_token_review(body)
+            review = self._api.create_token_review(body, _request_timeout=REVIEW_TIMEOUT)
         except ApiException as e:
             # Our own problem (RBAC, the API server away), not the pod's: let it retry, cache nothing.
             return Verdict(HTTPStatus.SERVICE_UNAVAILABLE, f"TokenReview failed: {e.status} {e.reason}")
+        except (HTTPError, OSError) as e:  # no answer in time (kube.RETRIES retried it once), or no connection
+            return Verdict(HTTPStatus.SERVICE_UNAVAILABLE,
+                           f"TokenReview failed: the API server did not answer ({type(e).__name__})")
         status = review.status
         if status is None or not status.authenticated:
             error = (status.error if status is not None else None) or "not authenticated"

@@ -45,7 +45,7 @@ class FakeAuthApi:
         self.tokens[token] = client.V1TokenReviewStatus(authenticated=True, audiences=list(audiences), user=user)
         return token
 
-    def create_token_review(self, body: dict[str, Any]) -> client.V1TokenReview:
+    def create_token_review(self, body: dict[str, Any], **_: Any) -> client.V1TokenReview:
         self.calls += 1
         if self.broken:
             raise ApiException(status=403, reason="Forbidden")
