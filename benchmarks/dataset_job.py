@@ -198,7 +198,10 @@ def job_manifest(name: str, dataset: dict[str, Any] | None, prompts: list[str] |
                        "extraArgs": {"max_sequence_length": 16}},
         "parallelism": {"strategy": "DataParallel", "nodes": nodes, "gpusPerNode": 0,
                         "processesPerNode": processes},
-        "output": {"format": "png"},
+        # Several pods share one output (muralist run writes it to a local folder; the volume is what a cluster
+        # would mount: the per-pod default emptyDir is refused).
+        "output": {"format": "png", **({"volume": {"persistentVolumeClaim": {"claimName": "results"}}}
+                                       if nodes > 1 else {})},
     }
     if dataset is not None:
         spec["dataset"] = dataset

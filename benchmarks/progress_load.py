@@ -582,6 +582,7 @@ def run_configmap_variant(pods: int, ranks: int, args: argparse.Namespace) -> di
                   "spec": {"model": {"name": "muralist/tiny-flux"},
                            "promptsFrom": {"configMapKeyRef": {"name": "prompts", "key": "prompts.txt"}},
                            "parallelism": {"nodes": pods, "gpusPerNode": 0, "processesPerNode": ranks},
+                           "output": {"volume": {"persistentVolumeClaim": {"claimName": "results"}}},
                            "runPolicy": {"suspend": True}}}
             deadline = time.monotonic() + 60
             create_when_served(custom, dj, deadline)
@@ -659,6 +660,7 @@ def run_operator_variant(pods: int, ranks: int, args: argparse.Namespace, rev: s
                   "spec": {"model": {"name": "muralist/tiny-flux"},
                            "promptsFrom": {"configMapKeyRef": {"name": "prompts", "key": "prompts.txt"}},
                            "parallelism": {"nodes": pods, "gpusPerNode": ranks},
+                           "output": {"volume": {"persistentVolumeClaim": {"claimName": "results"}}},
                            "podTemplate": {"annotations": {"fate.muralist.dev/outcome": "run"}}}}
             create_when_served(custom, dj, time.monotonic() + 60)
             selector = f"muralist.dev/job-name={JOB}"

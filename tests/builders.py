@@ -9,6 +9,10 @@ from muralist_api.job import API_VERSION, KIND, DiffusionJob
 from muralist_api.rules.problems import parse_job
 
 
+# What a job of several pods writes to in tests: a volume every pod mounts (never mounted by `muralist run`).
+SHARED_OUTPUT = {"volume": {"persistentVolumeClaim": {"claimName": "results"}}}
+
+
 class JobBuilder:
     def __init__(self, name: str = "cats", namespace: str | None = None):
         self._m: dict[str, Any] = {
@@ -54,10 +58,14 @@ class JobBuilder:
         return self
 
     def world(self, nodes: int = 1, gpus: int = 0, processes: int | None = None) -> JobBuilder:
+        """The layout. Several pods need an output they all mount (the rule that refuses the default emptyDir):
+        a job of several pods without an output gets SHARED_OUTPUT (drop it to test that rule)."""
         par = self._section("parallelism")
         par.update({"nodes": nodes, "gpusPerNode": gpus})
         if processes is not None:
             par["processesPerNode"] = processes
+        if nodes > 1 and "output" not in self._m["spec"]:
+            self._m["spec"]["output"] = copy.deepcopy(SHARED_OUTPUT)
         return self
 
     def strategy(self, name: str) -> JobBuilder:

@@ -119,7 +119,10 @@ class Generation(ApiModel):
     batch_size: int = Field(1, ge=1, le=256, description="Images per pipeline call in one data-parallel group.")
     extra_args: KubeObject = Field(
         default_factory=dict,
-        description="Free-form keyword arguments passed to the pipeline call.",
+        description="More keyword arguments for the pipeline call (e.g. max_sequence_length). Not what the spec "
+        "or an item sets (prompt, negative_prompt, generator, latents, num_inference_steps, guidance_scale, "
+        "height, width, num_frames, num_images_per_prompt, image, mask_image, strength, output_type): those are "
+        "refused, naming the field to use.",
     )
     vae_tiling: bool = Field(
         False,
@@ -466,6 +469,15 @@ class DiffusionJobSpec(ApiModel):
             "spec.runPolicy.workloadSlices: Kueue does not resize a job whose pods request a topology "
             "(podTemplate.annotations); remove the topology annotation or workloadSlices",
             mirrors=problems._queue_problems,
+        ),
+        CelRule(
+            # The volume's contents are free-form (CEL cannot see an emptyDir in it): the Python rule also
+            # refuses an explicit emptyDir.
+            "self.parallelism.nodes <= 1 || has(self.output.uri) || has(self.output.volume)",
+            "spec.output: with several pods, set spec.output.volume to a volume every pod mounts (a "
+            "ReadWriteMany PersistentVolumeClaim) or spec.output.uri to object storage: the default emptyDir is "
+            "each pod's own, so the first pod could not merge the others' images",
+            mirrors=problems._shared_output_problems,
         ),
         CelRule(
             "has(self.promptsFrom) == has(oldSelf.promptsFrom)",

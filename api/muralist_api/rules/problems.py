@@ -161,7 +161,8 @@ def _mapping(value: Any) -> dict[str, Any]:
 
 def spec_problems(spec: DiffusionJobSpec) -> list[Problem]:
     """Every cross-field rule of a spec: (field path, message with the fix); empty when valid."""
-    return [*_source_problems(spec), *_storage_problems(spec), *_strategy_section_problems(spec),
+    return [*_source_problems(spec), *_storage_problems(spec), *_shared_output_problems(spec),
+            *_strategy_section_problems(spec),
             *_process_problems(spec), *_layout_problems(spec), *_workload_problems(spec), *_queue_problems(spec),
             *_size_problems(spec)]
 
@@ -214,6 +215,22 @@ def _storage_problems(spec: DiffusionJobSpec) -> list[Problem]:
                         "have one set of storage credentials (a Secret's keys become their environment); use one "
                         "Secret"))
     return out
+
+
+@python_rule()
+def _shared_output_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """Pods of one job must see each other's outputs: the first pod merges every chunk, whichever pod
+    rendered it. An emptyDir (spec.output.volume unset, or set to one) is each pod's own."""
+    out = spec.output
+    nodes = spec.parallelism.nodes
+    if nodes <= 1 or out.uri is not None or (out.volume is not None and "emptyDir" not in out.volume):
+        return []
+    what = "spec.output.volume is an emptyDir" if out.volume is not None else \
+        "spec.output sets no volume (the default is an emptyDir)"
+    return [("spec.output", f"{what}, which each of the {nodes} pods gets its own: the first pod could not merge "
+             "the images the others render, and they would go with their pods; set spec.output.volume to a volume "
+             "every pod mounts (a ReadWriteMany PersistentVolumeClaim: {persistentVolumeClaim: {claimName: "
+             "results}}), or spec.output.uri to object storage, or nodes: 1")]
 
 
 def _input_uses(spec: DiffusionJobSpec) -> tuple[set[str], str]:

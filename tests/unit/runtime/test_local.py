@@ -13,6 +13,7 @@ from muralist_api.rules.problems import ValidationProblem
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime import local
 
+from tests.builders import SHARED_OUTPUT
 from tests.paths import REPO
 
 
@@ -92,7 +93,7 @@ def test_quickstart_example_is_a_small_cpu_job() -> None:
 
 def spec_for(parallelism: dict) -> RuntimeSpec:
     return RuntimeSpec.model_validate({"name": "j", "outputDir": "/o", "spec": {
-        "model": {"name": "m"}, "prompts": ["a"], "parallelism": parallelism}})
+        "model": {"name": "m"}, "prompts": ["a"], "parallelism": parallelism, "output": SHARED_OUTPUT}})
 
 
 def launched(runtime: RuntimeSpec, tmp_path: Path) -> list[tuple[list[str], dict[str, str]]]:

@@ -115,6 +115,10 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
     ),
     ("bad-strategy", make_job().strategy("PipelineParallel").obj(), "spec.parallelism.strategy", True),
     ("negative-restarts", make_job().run_policy(maxRestarts=-1).obj(), "spec.runPolicy.maxRestarts", True),
+    ("start-timeout-too-short", make_job().run_policy(startTimeoutSeconds=5).obj(),
+     "spec.runPolicy.startTimeoutSeconds", True),
+    ("start-timeout-over-a-day", make_job().run_policy(startTimeoutSeconds=86401).obj(),
+     "spec.runPolicy.startTimeoutSeconds", True),
     (
         "cache-verify-sample-zero",
         make_job().generation(cache={"type": "FirstBlockCache", "verify": {"sample": 0}}).obj(),
@@ -151,6 +155,18 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
         .pod_template(annotations={"kueue.x-k8s.io/podset-required-topology": "kubernetes.io/hostname"}).obj(),
         "spec.runPolicy.workloadSlices",
         True,
+    ),
+    (
+        "several-pods-on-the-default-output",
+        make_job().world(nodes=2).drop("spec.output").obj(),
+        "spec.output",
+        True,
+    ),
+    (
+        "several-pods-on-an-emptydir",
+        make_job().world(nodes=2).output(volume={"emptyDir": {}}).obj(),
+        "spec.output: spec.output.volume is an emptyDir",
+        False,
     ),
     (
         "extra-args-set-what-the-spec-sets",
