@@ -80,6 +80,9 @@ class Decision:
     status: DiffusionJobStatus
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    # When the job must be decided again though nothing changes (a timeout that will have
+    # passed by then): the reconciler's clock wakes it at that time (Transition.check_again).
+    check_again_at: datetime | None = None
 
 
 def iso(moment: datetime) -> str:
@@ -129,6 +132,13 @@ class Transition:
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.decision.events.append(Event(type_, reason, message))
+
+    def check_again(self, at: datetime) -> None:
+        """Decide this job again at `at` (the earliest of all asked for wins); a policy whose
+        verdict moves with time alone asks for the moment it could change."""
+        current = self.decision.check_again_at
+        if current is None or at < current:
+            self.decision.check_again_at = at
 
     def phase(self, phase: Phase, reason: str, message: str = "") -> None:
         st = self.status

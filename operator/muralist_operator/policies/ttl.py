@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from muralist_api.pods import RunPolicy
 from muralist_api.status import DiffusionJobStatus
@@ -17,3 +17,11 @@ def expired(status: DiffusionJobStatus, policy: RunPolicy, now: datetime) -> str
     if ttl is None or finished is None or (now - finished).total_seconds() < ttl:
         return None
     return f"ttlSecondsAfterFinished={ttl} passed"
+
+
+def due(status: DiffusionJobStatus, policy: RunPolicy) -> datetime | None:
+    """When a finished job's time to live ends (the clock's wake-up); None without a TTL, or unfinished."""
+    ttl, finished = policy.ttl_seconds_after_finished, parse_time(status.completion_time)
+    if ttl is None or finished is None:
+        return None
+    return finished + timedelta(seconds=ttl)
