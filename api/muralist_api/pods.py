@@ -65,6 +65,9 @@ DEFAULT_MAX_FAILED_ITEMS = "1%"
 # finished is a systematic failure (the runtime's item_failures applies the rule).
 EARLY_FAILED_CHUNKS = 3
 EARLY_FAILED_ITEMS = 10
+# How long a pod may take to start when runPolicy.startTimeoutSeconds is unset: long enough for a
+# large runtime image on an ordinary registry, short enough that no job waits forever.
+DEFAULT_START_TIMEOUT_SECONDS = 600
 
 
 class RunPolicy(ApiModel):
@@ -126,6 +129,24 @@ class RunPolicy(ApiModel):
         "parallelism.collectiveTimeoutSeconds (600 s unless set), so a hung rank never holds a job forever. "
         "No value turns it off: set a larger one for steps that pause longer.",
     )
+    start_timeout_seconds: int | None = Field(
+        None,
+        ge=10,
+        le=86400,
+        description="Fail the job when one of its pods has not started (no container running) this long after "
+        "it was created, with the reason the pod waits for: ImagePullBackOff, Unschedulable (with the "
+        "scheduler's message), CreateContainerConfigError (a missing Secret or ConfigMap), FailedMount, "
+        "FailedCreate (the Job could not create it: an admission rejection, a quota). Each retried pod has a clock "
+        "of its own; a pod held by a scheduling gate (Kueue) and a suspended job are not timed. Default "
+        f"{DEFAULT_START_TIMEOUT_SECONDS} s: raise it where pulling the image or provisioning a node takes longer. "
+        "Status names a pod that waits for such a reason at once (the PodsNotStarting condition), whatever the "
+        "timeout.",
+    )
+
+    @property
+    def start_timeout(self) -> int:
+        """startTimeoutSeconds, or its default."""
+        return self.start_timeout_seconds or DEFAULT_START_TIMEOUT_SECONDS
 
     @field_validator("max_failed_items", mode="before")
     @classmethod

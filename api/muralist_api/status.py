@@ -55,7 +55,8 @@ class IndexStatus(ApiModel):
 
 
 class Condition(ApiModel):
-    type: str = Field(description="Created, Running, Restarting, Suspended, Complete, Failed or Ready.")
+    type: str = Field(description="Created, Running, Restarting, Suspended, Complete, Failed, Ready, Stalled, or "
+                      "PodsNotStarting (there only while a pod waits to start, its reason what the pod waits for).")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field("", description="CamelCase reason.")
     message: str = Field("", description="Human readable detail.")

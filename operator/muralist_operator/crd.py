@@ -70,6 +70,13 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.progress.eta",
         "description": "Estimated time left, from the rate of the last minute",
     },
+    {
+        "name": "Waiting",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="PodsNotStarting")].reason',
+        "description": "Why a pod has not started (the PodsNotStarting condition): ImagePullBackOff, Unschedulable, "
+        "CreateContainerConfigError, FailedMount, FailedCreate, ...",
+    },
     {"name": "Strategy", "type": "string", "jsonPath": ".spec.parallelism.strategy"},
     {"name": "World", "type": "integer", "jsonPath": ".status.worldSize", "description": "nodes x processesPerNode"},
     {"name": "Pods", "type": "integer", "jsonPath": ".status.nodes", "description": "Pods the job runs now"},

@@ -68,9 +68,11 @@ def test_printer_columns_and_names() -> None:
     crd = build_crd()
     version = crd["spec"]["versions"][0]
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names[:5] == ["Phase", "Progress", "ETA", "Strategy", "World"] and names[-1] == "Age"
+    assert names[:6] == ["Phase", "Progress", "ETA", "Waiting", "Strategy", "World"] and names[-1] == "Age"
     assert crd["spec"]["names"]["shortNames"] == ["dj"]
-    assert names[5:7] == ["Pods", "Desired"], "a resize's current and asked-for size"
+    assert names[6:8] == ["Pods", "Desired"], "a resize's current and asked-for size"
+    waiting = version["additionalPrinterColumns"][3]
+    assert waiting["jsonPath"] == '.status.conditions[?(@.type=="PodsNotStarting")].reason' and "priority" not in waiting
     assert version["subresources"] == {"status": {}, "scale": {
         "specReplicasPath": ".spec.parallelism.nodes", "statusReplicasPath": ".status.nodes",
         "labelSelectorPath": ".status.selector"}}
