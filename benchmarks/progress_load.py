@@ -116,8 +116,10 @@ def serve(args: argparse.Namespace) -> int:
 
     out = Path(args.dir)
     tls = read_mounted(out)  # as in cert-manager mode
-    pods = {(NAMESPACE, f"{JOB}-{i}"): PodInfo(f"{JOB}-{i}", f"uid-{i}", JOB, i) for i in range(args.pods)}
-    verifier = TokenVerifier(StubTokenReviews(args.pods), lambda ns, name: pods.get((ns, name)))
+    pods = {(NAMESPACE, f"{JOB}-{i}"): PodInfo(f"{JOB}-{i}", f"uid-{i}", JOB, i, owner_uid="uid-job")
+            for i in range(args.pods)}
+    verifier = TokenVerifier(StubTokenReviews(args.pods), lambda ns, name: pods.get((ns, name)),
+                             lambda ns, name: "uid-job" if (ns, name) == (NAMESPACE, JOB) else None)
     aggregator = Aggregator(post_budget_per_second=args.budget)
     key = (NAMESPACE, JOB)
     wake = threading.Event()

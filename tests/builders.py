@@ -8,7 +8,6 @@ from typing import Any
 from muralist_api.job import API_VERSION, KIND, DiffusionJob
 from muralist_api.rules.problems import parse_job
 
-
 # What a job of several pods writes to in tests: a volume every pod mounts (never mounted by `muralist run`).
 SHARED_OUTPUT = {"volume": {"persistentVolumeClaim": {"claimName": "results"}}}
 

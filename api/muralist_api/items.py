@@ -42,6 +42,32 @@ class Item(BaseModel):
         return self.row * images_per_prompt + self.image_index
 
 
+def text_problem(field: str, text: str | None) -> str | None:
+    """Why `text` cannot reach a tokenizer, or None: it must be encodable as UTF-8. A lone surrogate
+    (`"\\ud83d"` in JSON: valid JSON, half of an emoji whose other half was cut off) is not."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"{field} is not valid Unicode: a lone surrogate {text[e.start]!a} at character {e.start} (half "
+                "of an emoji, cut off?); fix the row's text")
+    return None
+
+
+_CONTROL = dict.fromkeys([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0)])
+
+
+def printable(text: str) -> str:
+    """`text` for places that need valid UTF-8 without control characters (a Parquet column, a PNG
+    text chunk, a web page, a log line): lone surrogates and control characters but tab and newline
+    become backslash escapes. JSON files keep the text as it is (their escapes are lossless)."""
+    if text.isprintable() and text.isascii():
+        return text
+    escaped = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return escaped.translate({c: f"\\x{c:02x}" for c in _CONTROL})
+
+
 def item_seed(base_seed: int, row_seed: int | None, row: int, image_index: int, images_per_prompt: int) -> int:
     """An item's seed depends only on the seeds and its indices, never on the world layout.
 

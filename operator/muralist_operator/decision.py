@@ -22,8 +22,11 @@ REASON_STALLED = "Stalled"
 REASON_EVICTED = "Evicted"
 REASON_WORLD_FAILED = "WorldPeerFailed"
 REASON_ALL_ITEMS_FAILED = "AllItemsFailed"
+REASON_NAME_TAKEN = "NameTaken"
+REASON_CHILD_RESTORED = "ChildRestored"
 
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Complete", "Failed", "Ready", "Stalled")
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Complete", "Failed", "Ready", "Stalled",
+                   "PodsNotStarting")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,14 @@ class ResizeJob:
 
 
 @dataclass(frozen=True)
+class RestoreChildren:
+    """Create again what the job owns besides its Job and is gone (its NetworkPolicy, Service or
+    spec ConfigMap, deleted by someone): (kind, name) of each."""
+
+    children: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class DeleteSelf:
     reason: str
 
@@ -65,7 +76,7 @@ class StopPod:
     note: str
 
 
-Action = CreateJob | DeleteJob | SetJobSuspend | ResizeJob | DeleteSelf | StopPod
+Action = CreateJob | DeleteJob | SetJobSuspend | ResizeJob | DeleteSelf | StopPod | RestoreChildren
 
 
 @dataclass(frozen=True)
@@ -165,6 +176,10 @@ class Transition:
 
     def condition(self, type_: str, value: bool, reason: str, message: str) -> None:
         set_condition(self.status.conditions, type_, value, reason, message, self.now, self.status.observed_generation)
+
+    def drop_condition(self, type_: str) -> None:
+        """For a condition that is there only while something is wrong (PodsNotStarting)."""
+        self.status.conditions = [c for c in self.status.conditions if c.type != type_]
 
 
 def decide_failed(status: DiffusionJobStatus, generation: int | None, reason: str, message: str,

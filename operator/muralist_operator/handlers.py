@@ -1,6 +1,12 @@
 """kopf's side of the operator: the indexes it keeps of our children and the triggers that run
 the Reconciler (reconciler.py) for a job.
 
+Children are watched by label (the API server sends only objects labelled as a job's) and indexed
+by their controller (the owner reference with `controller: true`): a Job by its DiffusionJob, a
+pod by its Job (named as its DiffusionJob). An object that is labelled as a job's and not owned by
+it is not indexed at all; the reconciler also checks the owner's uid (observe), since a name is
+no proof.
+
 No handler here needs a finalizer: deleting a DiffusionJob never waits for the operator, and
 the garbage collector removes its children through their owner references.
 """
@@ -10,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from muralist_api.job import GROUP, PLURAL, VERSION
+from muralist_api.job import GROUP, KIND, PLURAL, VERSION
 
 from muralist_operator.naming import LABEL_COMPONENT, LABEL_JOB
-from muralist_operator.observe import job_view, owner_of, pod_view
+from muralist_operator.observe import child_view, controller_name, job_view, owner_of, pod_view
 from muralist_operator.progress.auth import PodInfo, pod_info
 from muralist_operator.reconciler import Key, Reconciler, RenderFailure
 
@@ -38,14 +44,35 @@ def muralist_diffusionjobs(namespace: str, name: str, **_: Any) -> dict[Key, boo
     return {(namespace, name): True}
 
 
+def _by_controller(namespace: str, body: kopf.Body, kind: str, view: Any) -> dict[Key, Any]:
+    owner = controller_name(body, kind)
+    return {(namespace, owner): view(body)} if owner else {}
+
+
 @kopf.index("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
 def muralist_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
-    return {(namespace, owner_of(body)): job_view(body)}  # type: ignore[dict-item]
+    return _by_controller(namespace, body, KIND, job_view)
 
 
 @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})  # type: ignore[arg-type]
 def muralist_pods(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
-    return {(namespace, owner_of(body)): pod_view(body)}  # type: ignore[dict-item]
+    return _by_controller(namespace, body, "Job", pod_view)
+
+
+# What a job owns besides its Job: each is created again when it is gone.
+@kopf.index("", "v1", "services", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+def muralist_services(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
+    return _by_controller(namespace, body, KIND, child_view)
+
+
+@kopf.index("", "v1", "configmaps", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+def muralist_config_maps(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
+    return _by_controller(namespace, body, KIND, child_view)
+
+
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+def muralist_network_policies(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
+    return _by_controller(namespace, body, KIND, child_view)
 
 
 @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})  # type: ignore[arg-type]
@@ -70,7 +97,7 @@ def diffusion_job_event(namespace: str, name: str, type: str | None, body: kopf.
 
 
 def _child_event(namespace: str, body: kopf.Body, kwargs: dict[str, Any]) -> None:
-    owner = owner_of(body)
+    owner = owner_of(body)  # the label: an object that only claims to be a job's costs a reconcile, no more
     if owner:
         r = reconciler()
         r.remember_indexes(kwargs)
@@ -84,4 +111,19 @@ def job_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})  # type: ignore[arg-type]
 def pod_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
+    _child_event(namespace, body, kwargs)
+
+
+@kopf.on.event("", "v1", "services", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+def service_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
+    _child_event(namespace, body, kwargs)
+
+
+@kopf.on.event("", "v1", "configmaps", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+def config_map_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
+    _child_event(namespace, body, kwargs)
+
+
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+def network_policy_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
     _child_event(namespace, body, kwargs)

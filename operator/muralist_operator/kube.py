@@ -12,6 +12,7 @@ the operator's calls and the progress endpoint's TokenReviews alike) and bounded
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -25,7 +26,8 @@ from kubernetes.client.exceptions import ApiException
 from muralist_api import GROUP, PLURAL, VERSION
 from urllib3.util.retry import Retry
 
-from muralist_operator.observe import STOPPED_ANNOTATION
+from muralist_operator.decision import parse_time
+from muralist_operator.observe import STOPPED_ANNOTATION, WarningEvent, controller_uid
 
 log = logging.getLogger("muralist.operator")
 
@@ -62,6 +64,26 @@ def _unread(fn: Any, *args: Any, **kwargs: Any) -> None:
         resp.read()
     finally:
         resp.release_conn()
+
+
+class NameTaken(Exception):
+    """A child's name is taken by an object that the DiffusionJob does not own: another job's, or
+    someone else's. The job cannot run beside it (its pods would use it as their own)."""
+
+    def __init__(self, kind: str, name: str, existing: dict[str, Any]) -> None:
+        owners = [f"{r.get('kind')} {r.get('name')}" for r in (existing.get("metadata") or {}).get("ownerReferences")
+                  or [] if r.get("controller")]
+        whose = f"it belongs to {owners[0]}" if owners else "nothing owns it"
+        super().__init__(f"{kind} {name} already exists and is not this DiffusionJob's ({whose}): delete it, or "
+                         "create the DiffusionJob under another name")
+        self.kind, self.name = kind, name
+
+
+def _event_time(event: dict[str, Any]) -> str:
+    """When an Event (core/v1, written by either events API) was last seen, as an RFC 3339 string."""
+    series = event.get("series") or {}
+    return (series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime")
+            or event.get("firstTimestamp") or (event.get("metadata") or {}).get("creationTimestamp") or "")
 
 
 def load_config() -> None:
@@ -130,9 +152,10 @@ class Kube:
     # -- children
 
     def create(self, obj: dict[str, Any], owner: dict[str, Any]) -> bool:
-        """Create a child owned by the DiffusionJob; False when it already exists."""
+        """Create a child owned by the DiffusionJob (its controller). False when it exists already
+        and is the job's; NameTaken when the name is taken by an object the job does not own."""
         kopf.append_owner_reference(obj, owner=owner)  # type: ignore[arg-type]  # a plain dict serves as a Body
-        ns = obj["metadata"]["namespace"]
+        ns, name, kind = obj["metadata"]["namespace"], obj["metadata"]["name"], obj["kind"]
         creators = {
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
@@ -140,12 +163,27 @@ class Kube:
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }
         try:
-            _unread(creators[obj["kind"]], ns, obj)
+            _unread(creators[kind], ns, obj)
         except ApiException as e:
-            if e.status == 409:
+            if e.status != 409:
+                raise
+        else:
+            return True
+        readers = {
+            "Service": self.core.read_namespaced_service,
+            "ConfigMap": self.core.read_namespaced_config_map,
+            "Job": self.batch.read_namespaced_job,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
+        }
+        try:
+            existing = json.loads(readers[kind](name, ns, _preload_content=False).data)
+        except ApiException as e:
+            if e.status == 404:  # gone since: the next event creates it
                 return False
             raise
-        return True
+        if controller_uid(existing) != owner["metadata"].get("uid"):
+            raise NameTaken(kind, name, existing)
+        return False
 
     def delete_job(self, namespace: str, name: str) -> None:
         # Foreground: the Job object stays until its pods are gone, so a Job created again
@@ -182,6 +220,17 @@ class Kube:
         self._ignore(404, _unread, self.batch.patch_namespaced_job, name, namespace, body)
 
     # -- events
+
+    def latest_warning(self, namespace: str, uid: str) -> WarningEvent | None:
+        """The latest Warning event about the object of `uid` (what its status may not say)."""
+        resp = self.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.uid={uid},type=Warning", _preload_content=False)
+        items = json.loads(resp.data).get("items") or []
+        if not items:
+            return None
+        latest = max(items, key=lambda e: parse_time(_event_time(e)) or datetime.min.replace(tzinfo=UTC))
+        return WarningEvent(reason=latest.get("reason") or "", message=latest.get("message") or "",
+                            time=parse_time(_event_time(latest)))
 
     def post_event(self, owner: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = owner["metadata"]

@@ -17,6 +17,7 @@ from muralist_api.storage import join_uri
 
 from muralist_operator.decision import (
     REASON_ALL_ITEMS_FAILED,
+    REASON_CHILD_RESTORED,
     REASON_DEADLINE,
     REASON_STALLED,
     REASON_WORLD_FAILED,
@@ -24,12 +25,13 @@ from muralist_operator.decision import (
     Decision,
     DeleteJob,
     DeleteSelf,
+    RestoreChildren,
     StopPod,
     Transition,
 )
 from muralist_operator.naming import pod_selector
 from muralist_operator.observe import Observed, PodView
-from muralist_operator.policies import deadline, failure, resize, stall, suspension, ttl, world
+from muralist_operator.policies import deadline, failure, resize, stall, start, suspension, ttl, world
 from muralist_operator.progress.aggregate import JobProgress
 
 
@@ -180,7 +182,11 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
         t.phase(Phase.PENDING, "JobDeleted", "the Job is being deleted; it is created again once it is gone")
         return t.decision
 
-    # 4. The size asked for (a resize); suspension (by the user, or by Kueue until it admits the Job).
+    # 4. What the job owns besides its Job: one that is gone is created again (its isolation, its
+    #    pods' names and spec depend on them).
+    restore(t, observed)
+
+    # 5. The size asked for (a resize); suspension (by the user, or by Kueue until it admits the Job).
     resize.apply(t, job, current)
     pods = resize.in_range(pods, current)
     flip = suspension.action(policy, current)
@@ -190,7 +196,7 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
         t.phase(Phase.SUSPENDED, *suspension.reason(policy))
         return t.decision
 
-    # 5. Outcomes: the Job's, and each index's failures.
+    # 6. Outcomes: the Job's, and each index's failures.
     if current.complete and _every_item_failed(st):
         # A runtime image from before runPolicy.maxFailedItems ends such a job with exit 0: a job
         # that made nothing is never Succeeded, whichever image ran it.
@@ -210,7 +216,14 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
     if failure.handle(t, job, current, pods, indexes):
         return t.decision
 
-    # 6. Running, or still coming up; a world spanning pods starts again together; a pod that
+    # 7. Pods that have not started are named; one that waited past runPolicy.startTimeoutSeconds fails the job.
+    found = start.waiting(pods, current, observed.events, observed.start_clocks, now)
+    first = start.apply(t, policy, found, now)
+    if st.phase == Phase.FAILED:
+        return t.decision
+    note = f"; {first.describe()}" if first is not None else ""
+
+    # 8. Running, or still coming up; a world spanning pods starts again together; a pod that
     #    stopped progressing is retried alone.
     if current.start_time and not st.start_time:
         st.start_time = current.start_time
@@ -218,22 +231,34 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
         t.act(StopPod(peer.pod.name, peer.pod.uid, REASON_WORLD_FAILED, peer.note))
         t.event("Warning", REASON_WORLD_FAILED, f"index {peer.pod.index} (pod {peer.pod.name}): {peer.note}; "
                 "deleting it, so that its world starts again together")
-    for found in stall.stalled(job.spec, observed.progress, pods, now):
-        note = stall.message(found)
-        t.act(StopPod(found.pod.name, found.pod.uid, REASON_STALLED, note))
-        t.event("Warning", REASON_STALLED, f"index {found.pod.index} (pod {found.pod.name}): {note}; deleting it, "
+    for stalled in stall.stalled(job.spec, observed.progress, pods, now):
+        why = stall.message(stalled)
+        t.act(StopPod(stalled.pod.name, stalled.pod.uid, REASON_STALLED, why))
+        t.event("Warning", REASON_STALLED, f"index {stalled.pod.index} (pod {stalled.pod.name}): {why}; deleting it, "
                 "the Job retries it alone")
     running = sum(1 for s in indexes.values() if s.newest.phase == "Running" and not s.newest.deleting)
     done = sum(1 for s in indexes.values() if s.newest.phase == "Succeeded")
     reason, message = _running_message(job, indexes, running)
     if running + done >= par.nodes or current.ready >= par.nodes or st.phase == Phase.RUNNING:
         # Once running, a job stays Running while single indexes are retried or wait for Kueue.
-        t.phase(Phase.RUNNING, reason, message + _gated_note(job, indexes, running))
+        t.phase(Phase.RUNNING, reason, message + _gated_note(job, indexes, running) + note)
     else:
         t.phase(Phase.PENDING, "Starting" if reason == "Running" else reason,
                 (f"{running}/{par.nodes} pod(s) running" if reason == "Running" else message)
-                + _gated_note(job, indexes, running))
+                + _gated_note(job, indexes, running) + note)
     return t.decision
+
+
+def restore(t: Transition, observed: Observed) -> None:
+    """Children the job should have and does not own (observe: by owner uid) are created again."""
+    if observed.children is None:
+        return
+    missing = tuple(sorted(observed.expected_children - observed.children))
+    if not missing:
+        return
+    t.act(RestoreChildren(missing))
+    t.event("Warning", REASON_CHILD_RESTORED,
+            "; ".join(f"{kind} {name} was gone: created again" for kind, name in missing))
 
 
 def _gated_note(job: DiffusionJob, indexes: failure.Indexes, running: int) -> str:

@@ -124,7 +124,7 @@ class Progress:
         return dataclasses.replace(base, progress_url=self.url, progress_ca=ca)
 
     def start(self, reconciler: handlers.Reconciler, is_active: Any) -> None:
-        verifier = TokenVerifier(self.kube.authentication, reconciler.pod_lookup)
+        verifier = TokenVerifier(self.kube.authentication, reconciler.pod_lookup, reconciler.workers_uid)
         self.server = ProgressServer(
             verifier, reconciler.on_report, self.tls, host="0.0.0.0", port=self.args.progress_port,
             limits=progress_limits(self.args), is_active=is_active, job_exists=reconciler.job_exists,

@@ -2,13 +2,16 @@
 
 The kopf indexes store these instead of whole objects (less memory with hundreds of jobs),
 and `lifecycle.decide` reads only these, plus the job's progress as the pods pushed it
-(progress.aggregate.JobProgress).
+(progress.aggregate.JobProgress). Each summary carries the uid of its controller (the owner
+reference with `controller: true`): a child counts only when that is the job's, whatever its
+name or labels say (`owned_by`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from muralist_api import contract
@@ -21,6 +24,12 @@ from muralist_operator.progress.aggregate import JobProgress
 # Set by the operator on a pod it deletes ("Reason: why"): it made no progress, or a pod of its
 # world failed; so that the index's failure says why (the pod itself only shows exit code 137).
 STOPPED_ANNOTATION = "muralist.dev/stopped"
+
+
+# Why a container of a pod on its way up waits when nothing is wrong (yet).
+STARTING_REASONS = frozenset({"", "ContainerCreating", "PodInitializing"})
+# A pod's PodScheduled=False reason that is no verdict of the scheduler's: the pod waits for its gates.
+SCHEDULING_GATED = "SchedulingGated"
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,9 @@ class JobView:
     failed_indexes: str = ""  # status.failedIndexes: indexes out of retries ("1,3-5")
     # Its size: an elastic Indexed Job changes completions and parallelism together (a resize).
     completions: int | None = None  # None: not said (the API server always fills it in)
+    name: str = ""
+    uid: str = ""
+    owner_uid: str = ""  # its controller's: the DiffusionJob that created it
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,11 @@ class PodView:
     counts: contract.Counts | None = None
     cache_sample: contract.CacheSample | None = None  # generation.cache.verify, from the termination message
     gated: bool = False  # held back by a scheduling gate (Kueue's, until it admits the size that counts the pod)
+    owner_uid: str = ""  # its controller's: the Job that created it
+    scheduled: bool = False  # bound to a node
+    # Why it has not started, by its own status (`waiting`): ("", "") while it is merely on its way.
+    waiting_reason: str = ""
+    waiting_message: str = ""
 
     @property
     def stop_reason(self) -> str:
@@ -98,6 +115,25 @@ class PodView:
         return self.phase == "Failed" and not self.disrupted
 
 
+@dataclass(frozen=True)
+class ChildView:
+    """A Service, ConfigMap or NetworkPolicy of a job (labelled as one)."""
+
+    kind: str
+    name: str
+    owner_uid: str = ""
+
+
+@dataclass(frozen=True)
+class WarningEvent:
+    """The latest Warning event about an object: what its own status may not say (FailedMount,
+    the Job controller's FailedCreate)."""
+
+    reason: str
+    message: str
+    time: datetime | None = None  # when it was last seen
+
+
 @dataclass
 class Observed:
     job: JobView | None = None
@@ -105,6 +141,15 @@ class Observed:
     progress: JobProgress | None = None
     # The aggregator's count of changes that `progress` reflects (Aggregator.written reads it).
     progress_changes: int | None = None
+    # The latest Warning event about a pod or the Job that has not started, by the object's uid
+    # (read only for those: policies.start says which).
+    events: dict[str, WarningEvent] = field(default_factory=dict)
+    # When a pod's clock of policies.start began, where not at its creation (its gate was lifted later).
+    start_clocks: dict[str, datetime] = field(default_factory=dict)
+    # The job's Services, ConfigMaps and NetworkPolicies that it owns, and those it should have
+    # (kind, name); None: not known (nothing is restored).
+    children: frozenset[tuple[str, str]] | None = None
+    expected_children: frozenset[tuple[str, str]] = frozenset()
 
 
 def job_view(body: Mapping[str, Any]) -> JobView:
@@ -122,6 +167,9 @@ def job_view(body: Mapping[str, Any]) -> JobView:
         start_time=status.get("startTime"),
         failed_indexes=status.get("failedIndexes") or "",
         completions=_int(spec["completions"], 1) if spec.get("completions") is not None else None,
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        owner_uid=controller_uid(body),
     )
 
 
@@ -148,6 +196,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
             termination = Termination(exit_code=int(term.get("exitCode", 1)), reason=term.get("reason", ""),
                                       message=message)
     annotations = meta.get("annotations") or {}
+    reason, message = waiting(status)
     disrupted = any(c.get("type") == DISRUPTION_TARGET and c.get("status") == "True"
                     for c in status.get("conditions") or [])
     return PodView(
@@ -165,7 +214,49 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         counts=counts,
         cache_sample=cache_sample,
         gated=bool((body.get("spec") or {}).get("schedulingGates")),
+        owner_uid=controller_uid(body),
+        scheduled=bool((body.get("spec") or {}).get("nodeName")),
+        waiting_reason=reason,
+        waiting_message=message,
     )
+
+
+def waiting(status: Mapping[str, Any]) -> tuple[str, str]:
+    """Why a pod that has not started waits, as its status says: a container's waiting reason
+    (ErrImagePull, ImagePullBackOff, CreateContainerConfigError naming a missing Secret, ...), else
+    the scheduler's verdict (Unschedulable, with what each node lacks); ("", "") while it is on its way."""
+    if status.get("phase", "Pending") != "Pending":
+        return "", ""
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        state = (cs.get("state") or {}).get("waiting") or {}
+        if (state.get("reason") or "") not in STARTING_REASONS:
+            return state["reason"], state.get("message") or ""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" \
+                and c.get("reason") not in ("", None, SCHEDULING_GATED):
+            return c["reason"], c.get("message") or ""
+    return "", ""
+
+
+def child_view(body: Mapping[str, Any]) -> ChildView:
+    meta = body.get("metadata") or {}
+    return ChildView(kind=body.get("kind", ""), name=meta.get("name", ""), owner_uid=controller_uid(body))
+
+
+def controller_uid(body: Mapping[str, Any]) -> str:
+    """The uid of the object's controller (its owner reference with controller: true), or ""."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return ""
+
+
+def controller_name(body: Mapping[str, Any], kind: str) -> str | None:
+    """The name of the object's controller when it is of `kind` (what the kopf indexes key by)."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == kind:
+            return str(ref.get("name") or "") or None
+    return None
 
 
 def owner_of(body: Mapping[str, Any]) -> str | None:

@@ -4,7 +4,8 @@ Every trigger (handlers.py: kopf's watches and indexes) runs the same level-base
 `Reconciler.reconcile`: the DiffusionJob changing, one of its Jobs or pods changing (watched
 with label selectors, so the API server sends only ours), a pod's pushed progress that changed
 the counts (throttled per job by the aggregator), or the clock: for deadlines and TTL every
-tick, for stall detection when a pod could be over its timeout (every running job has one).
+tick, for stall detection when a pod could be over its timeout (every running job has one), and
+for pods that have not started when one is due to be named or timed out (policies.start).
 Children are read from kopf's in-memory indexes, and the job itself from the latest
 body its watch or our own status write returned (only the operator writes status, so that one
 is current): a reconcile costs no read, and the watch event that echoes our own status write
@@ -28,24 +29,27 @@ from pydantic import ValidationError
 
 from muralist_operator import metrics
 from muralist_operator.decision import (
+    REASON_CHILD_RESTORED,
     REASON_INVALID_SPEC,
+    REASON_NAME_TAKEN,
     REASON_RENDER_FAILED,
     CreateJob,
     Decision,
     DeleteJob,
     DeleteSelf,
     ResizeJob,
+    RestoreChildren,
     SetJobSuspend,
     StopPod,
     decide_failed,
 )
-from muralist_operator.kube import Kube
+from muralist_operator.kube import Kube, NameTaken
 from muralist_operator.lifecycle import decide
-from muralist_operator.observe import Observed, PodView
-from muralist_operator.policies import stall
+from muralist_operator.observe import ChildView, JobView, Observed, PodView, WarningEvent
+from muralist_operator.policies import stall, start
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import PodInfo
-from muralist_operator.render import Children, render_children
+from muralist_operator.render import Children, child_names, render_children
 from muralist_operator.settings import OperatorSettings
 
 log = logging.getLogger("muralist.operator")
@@ -53,7 +57,8 @@ Key = tuple[str, str]
 CLOCK_SECONDS = 2.0
 RESYNC_SECONDS = 60.0
 CREATE_GRACE_SECONDS = 10.0
-INDEXES = ("muralist_jobs", "muralist_pods", "muralist_pod_info", "muralist_diffusionjobs")
+CHILD_INDEXES = ("muralist_services", "muralist_config_maps", "muralist_network_policies")
+INDEXES = ("muralist_jobs", "muralist_pods", "muralist_pod_info", "muralist_diffusionjobs", *CHILD_INDEXES)
 
 
 class RenderFailure(Exception):
@@ -92,11 +97,17 @@ class Reconciler:
         self.known: set[Key] = set()
         self.clocked: set[Key] = set()
         # When each running job's stall check is due next (monotonic): every job has a stall
-        # timeout, so checking each one every tick would cost a reconcile per job per tick.
+        # timeout, so checking each one every tick would cost a reconcile per job per tick. The
+        # same wake-up serves policies.start (a pod to name, or past its start timeout).
         self.stall_checks: dict[Key, float] = {}
         # When we last created a job's children: the index may not show the Job for a moment,
         # and the burst of events right after a creation should not create it again.
         self.created: dict[Key, float] = {}
+        # policies.start's clocks that begin when the operator sees something (a pod's gate lifted,
+        # an index without a pod), by job: None marks a pod seen behind its gate.
+        self.start_clocks: dict[Key, dict[str, datetime | None]] = {}
+        # The Warning events last read for a job's pods that do not start: (when, about which, what).
+        self.warnings: dict[Key, tuple[float, tuple[str, ...], dict[str, WarningEvent]]] = {}
         self.wake = threading.Event()
         # Things the clock thread does besides reconciling (TLS renewal, peering checks).
         self.chores: list[Callable[[], None]] = []
@@ -133,6 +144,16 @@ class Reconciler:
         found = self._values("muralist_pod_info", (namespace, name))
         return found[0] if found else None
 
+    def workers_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the Job the DiffusionJob owns: the one whose pods may post its progress."""
+        with self._locks_guard:
+            body = self.bodies.get((namespace, name))
+        uid = ((body or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            return None
+        jobs: list[JobView] = self._values("muralist_jobs", (namespace, name))
+        return next((j.uid for j in jobs if j.owner_uid == uid), None)
+
     def on_report(self, namespace: str, job: str, report: ProgressReport) -> None:
         """A pod's post: into the aggregator; wake the clock only when the job has become due."""
         key = (namespace, job)
@@ -143,9 +164,15 @@ class Reconciler:
 
     # -- one reconcile -----------------------------------------------------------------------
 
-    def observe(self, key: Key, job: DiffusionJob | None = None) -> Observed:
-        jobs = self._values("muralist_jobs", key)
-        pods: list[PodView] = self._values("muralist_pods", key)
+    def observe(self, key: Key, job: DiffusionJob | None = None, now: datetime | None = None) -> Observed:
+        """The job's children as the indexes hold them: only those it owns (by uid), whatever their
+        names or labels say; the pods of its Job, with a completion index."""
+        now = now or datetime.now(UTC)
+        uid = (job.metadata.uid or "") if job is not None else ""
+        jobs: list[JobView] = [j for j in self._values("muralist_jobs", key) if j.owner_uid == uid]
+        current = jobs[0] if jobs else None
+        pods: list[PodView] = [p for p in self._values("muralist_pods", key)
+                               if current is not None and p.owner_uid == current.uid and p.index >= 0]
         if job is not None:
             self.aggregator.set_total(key, job.total_images)
         for pod in pods:
@@ -157,11 +184,60 @@ class Reconciler:
                 self.aggregator.record(key, ProgressReport.model_construct(
                     pod=pod.name, index=pod.index, attempt=pod.failure_count, ranks=1, completed=c.completed,
                     skipped=c.skipped, failed=c.failed, total=c.total, last_step_time=None, last_image_time=None,
-                    sent_at=datetime.now(UTC), final=True), now=None)
+                    sent_at=datetime.now(UTC), final=True), now=None, posted=False)
         # Read before the snapshot: a report landing in between is then written again, not lost.
         changes = self.aggregator.changes(key)
-        return Observed(job=jobs[0] if jobs else None, pods=pods, progress=self.aggregator.snapshot(key),
-                        progress_changes=changes)
+        clocks = self._start_clocks(key, current, pods, now)
+        found = start.waiting(pods, current, {}, clocks, now)
+        owned: frozenset[tuple[str, str]] | None = None
+        if job is not None and all(name in self.indexes for name in CHILD_INDEXES):
+            views: list[ChildView] = [c for name in CHILD_INDEXES for c in self._values(name, key)]
+            owned = frozenset((c.kind, c.name) for c in views if c.owner_uid == uid)
+        return Observed(job=current, pods=pods, progress=self.aggregator.snapshot(key), progress_changes=changes,
+                        events=self._warning_events(key, start.event_subjects(found, now)), start_clocks=clocks,
+                        children=owned,
+                        expected_children=child_names(job, self.settings) if job is not None else frozenset())
+
+    def _start_clocks(self, key: Key, current: JobView | None, pods: list[PodView],
+                      now: datetime) -> dict[str, datetime]:
+        """When this operator saw each pod's scheduling gate lifted, and each index of the Job
+        without a pod (policies.start times them from then)."""
+        known = self.start_clocks.get(key, {})
+        kept: dict[str, datetime | None] = {}
+        for pod in pods:
+            if pod.gated:
+                kept[pod.uid] = None
+            elif pod.phase == "Pending" and pod.uid in known:
+                kept[pod.uid] = known[pod.uid] or now
+        if current is not None:
+            for index in start.missing_indexes(current, pods):
+                clock = start.index_clock(current.uid, index)
+                kept[clock] = known.get(clock) or now
+        if kept or key in self.start_clocks:
+            self.start_clocks[key] = kept
+        return {k: v for k, v in kept.items() if v is not None}
+
+    def _warning_events(self, key: Key, uids: list[str]) -> dict[str, WarningEvent]:
+        """The latest Warning event about each of `uids` (at most start.SHOWN), read again after
+        start.EVENTS_AGAIN_SECONDS or when the uids change; none while nothing waits."""
+        subjects = tuple(uids[:start.SHOWN])
+        if not subjects:
+            self.warnings.pop(key, None)
+            return {}
+        cached = self.warnings.get(key)
+        if cached is not None and cached[1] == subjects and time.monotonic() - cached[0] < start.EVENTS_AGAIN_SECONDS:
+            return cached[2]
+        found: dict[str, WarningEvent] = {}
+        for uid in subjects:
+            try:
+                event = self.kube.latest_warning(key[0], uid)
+            except Exception as e:  # what a pod waits for is worth a look, not a failed reconcile
+                log.warning("could not read the events of %s in %s: %s", uid, key[0], e)
+                continue
+            if event is not None:
+                found[uid] = event
+        self.warnings[key] = (time.monotonic(), subjects, found)
+        return found
 
     def seen(self, key: Key, body: dict[str, Any]) -> bool:
         """A DiffusionJob from its watch: kept as the latest known. False when it is the echo of
@@ -214,6 +290,8 @@ class Reconciler:
         self.clocked.discard(key)
         self.stall_checks.pop(key, None)
         self.created.pop(key, None)
+        self.start_clocks.pop(key, None)
+        self.warnings.pop(key, None)
         self.aggregator.forget(key)
         metrics.forget(key)
         with self._locks_guard:
@@ -236,7 +314,7 @@ class Reconciler:
         observed: Observed | None = None
         try:
             job = parse_job(manifest)
-            observed = self.observe(key, job)
+            observed = self.observe(key, job, now)
             decision = decide(job, status, generation, observed, now)
             children = self._render(job, key, decision)
         except ValidationProblem as e:
@@ -249,7 +327,14 @@ class Reconciler:
         # write), or together with any other change of the status.
         # Children first (the Job is what everything waits for), then one status write, then
         # the events, only once the status says what they announce.
-        suppressed = self._act(body, decision, children) if job is not None else set()
+        try:
+            suppressed = self._act(body, decision, children) if job is not None else set()
+        except NameTaken as e:  # a child's name is someone else's: the job cannot run
+            current = observed.job if observed is not None else None
+            decision = decide_failed(status, generation, REASON_NAME_TAKEN, str(e), now)
+            if current is not None and not current.deleting:
+                self.kube.delete_job(*key)  # its pods would use the stranger's object as their own
+            suppressed = set()
         new_status = decision.status.wire()
         changes_seen = observed.progress_changes if observed is not None else None
         due = self.aggregator.next_due(key) == 0
@@ -276,11 +361,12 @@ class Reconciler:
     def _render(self, job: DiffusionJob, key: Key, decision: Decision) -> Children | None:
         """The children a CreateJob needs, rendered before the status is written: a job that
         cannot be rendered fails with the reason instead of waiting for pods forever."""
-        create = next((a for a in decision.actions if isinstance(a, CreateJob)), None)
+        create = next((a for a in decision.actions if isinstance(a, CreateJob | RestoreChildren)), None)
         if create is None:
             return None
+        deadline = create.active_deadline_seconds if isinstance(create, CreateJob) else None
         try:
-            return render_children(job, key[0], self.settings, active_deadline_seconds=create.active_deadline_seconds)
+            return render_children(job, key[0], self.settings, active_deadline_seconds=deadline)
         except Exception as e:  # pure code: whatever it raises, retrying the same spec repeats it
             log.exception("rendering %s/%s failed", *key)
             raise RenderFailure(f"the operator cannot build this job's pods: {e}") from e
@@ -293,6 +379,9 @@ class Reconciler:
             if isinstance(action, CreateJob):
                 if children is None or not self._create_children(owner, children):
                     suppressed.add("JobCreated")
+            elif isinstance(action, RestoreChildren):
+                if children is None or not self._restore_children(owner, children, action):
+                    suppressed.add(REASON_CHILD_RESTORED)
             elif isinstance(action, DeleteJob):
                 log.info("deleting Job %s/%s: %s", ns, name, action.reason)
                 self.kube.delete_job(ns, name)
@@ -322,6 +411,20 @@ class Reconciler:
             created_job = created_job or (created and child["kind"] == "Job")
         return created_job
 
+    def _restore_children(self, owner: dict[str, Any], children: Children, action: RestoreChildren) -> bool:
+        """True when this call created one of them (not while the indexes catch up with a creation)."""
+        key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
+        if time.monotonic() - self.created.get(key, -CREATE_GRACE_SECONDS) < CREATE_GRACE_SECONDS:
+            return False
+        self.created[key] = time.monotonic()
+        wanted = set(action.children)
+        restored = False
+        for child in children.all():
+            if (child["kind"], child["metadata"]["name"]) in wanted:
+                log.info("creating %s %s/%s again: it was gone", child["kind"], key[0], child["metadata"]["name"])
+                restored = self.kube.create(child, owner) or restored
+        return restored
+
     def _track(self, key: Key, job: DiffusionJob | None, decision: Decision, observed: Observed | None,
                now: datetime) -> None:
         phase = decision.status.phase
@@ -336,6 +439,9 @@ class Reconciler:
         else:
             needs_clock = bool(policy.active_deadline_seconds)
             due = stall.next_check(job.spec, observed.progress, observed.pods, now) if observed is not None else None
+            if observed is not None:  # the same wake-up serves pods that do not start
+                found = start.waiting(observed.pods, observed.job, observed.events, observed.start_clocks, now)
+                due = min((d for d in (due, start.next_check(found, policy, now)) if d is not None), default=None)
             if due is not None:
                 self.stall_checks[key] = time.monotonic() + (due - now).total_seconds()
         if needs_clock:

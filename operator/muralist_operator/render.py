@@ -57,6 +57,18 @@ class Children:
         return [o for o in (self.network_policy, self.service, self.spec_config_map, self.job) if o is not None]
 
 
+def child_names(job: DiffusionJob, settings: OperatorSettings) -> frozenset[tuple[str, str]]:
+    """(kind, name) of what a job owns besides its Job: what the reconciler creates again when one
+    is gone, known without rendering the job."""
+    name = job.metadata.name
+    names = {("ConfigMap", spec_config_map_name(name))}
+    if needs_service(job):
+        names.add(("Service", name))
+    if wants_network_policy(job, settings):
+        names.add(("NetworkPolicy", name))
+    return frozenset(names)
+
+
 def render_service(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> dict[str, Any]:
     """Headless Service: gives pod `<job>-<i>` the DNS name `<job>-<i>.<job>`, for the work-claim
     store on pod 0 and the rendezvous of worlds that span pods."""

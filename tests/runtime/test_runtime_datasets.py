@@ -4,6 +4,7 @@ fail on their own, WebDataset shards that are never partial, and `muralist run` 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tarfile
@@ -27,9 +28,17 @@ ROWS = [
     {"id": "sku-5", "prompt": "a boat on the sea", "seed": 11},
     {"id": "sku-6", "prompt": "a portrait of an owl"},  # its output is made NaN (knob)
     {"id": "sku-7", "prompt": "a mural on a street wall"},
+    # Valid JSON, not valid Unicode: an emoji cut in half (a lone surrogate); the tokenizer would raise.
+    {"id": "sku-8", "prompt": "a red circle on a blue background \ud83d"},
+    {"id": "sku-9", "prompt": "a tram at night"},  # its pipeline call raises (knob)
+    {"id": "sku-10", "prompt": "a windmill\u0007 at\tdusk"},  # control characters: rendered
 ]
-BAD = {"00002-000": "seed", "00004-000": "prompt", "00006-000": "NaN"}
-NAN = {contract.MURALIST_TEST_NAN_ROWS: "6"}
+BAD = {"00002-000": "seed", "00004-000": "prompt", "00006-000": "NaN",
+       "00008-000": "prompt is not valid Unicode: a lone surrogate '\\ud83d' at character 34",
+       "00009-000": "InjectedFailure: MURALIST_TEST_RAISE_ROWS: the call of row 9 fails"}
+# Row 6's output comes out NaN, row 9's call raises inside the pipeline, row 1's runs out of memory once.
+FAULTS = {contract.MURALIST_TEST_NAN_ROWS: "6", contract.MURALIST_TEST_RAISE_ROWS: "9",
+          contract.MURALIST_TEST_OOM_ROWS: "1"}
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +73,28 @@ def check_failed_and_named(run: Run) -> None:
     for key, word in BAD.items():
         assert word in failed[key], failed[key]
     assert {m["id"] for m in manifest} == {r["id"] for r in ROWS}
+    assert [m["prompt"] for m in manifest[8:]] == [r["prompt"] for r in ROWS[8:]], "the manifest keeps the texts"
+    # The index (UTF-8 by Parquet's rules) and the gallery (a UTF-8 page) show the cut emoji escaped.
+    index = {r["key"]: r for r in shards.read_index(run.output / "index.parquet")}
+    assert index["00008-000"]["prompt"] == "a red circle on a blue background \\ud83d"
+    assert index["00010-000"]["prompt"] == "a windmill\\x07 at\tdusk"
+    page = (run.output / "index.html").read_text(encoding="utf-8")
+    assert "a red circle on a blue background \\ud83d" in page
+
+
+def test_an_item_out_of_memory_is_tried_once_more_and_renders(one_rank: Run) -> None:
+    assert "item 00001-000 ran out of memory; trying it once more, alone" in one_rank.stderr
+    assert one_rank.meta("00001-000")["prompt"] == ROWS[1]["prompt"]
+    from PIL import Image
+
+    with Image.open(one_rank.output / "images" / "00010-000.png") as png:
+        assert png.text["prompt"] == "a windmill\\x07 at\tdusk", "a PNG text chunk holds no control character"
 
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory: pytest.TempPathFactory, runtime_env, tiny_model, dataset: Path) -> Run:
     out = tmp_path_factory.mktemp("ds1") / "out"
-    run = torchrun(spec_json(dataset_job(dataset), out, dataset), out, runtime_env, 1, extra_env=NAN)
+    run = torchrun(spec_json(dataset_job(dataset), out, dataset), out, runtime_env, 1, extra_env=FAULTS)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -84,7 +109,7 @@ def test_bad_rows_fail_alone_and_are_named(one_rank: Run) -> None:
 def test_two_ranks_render_the_same_data_set_byte_for_byte(tmp_path: Path, runtime_env, dataset: Path,
                                                             one_rank: Run) -> None:
     out = tmp_path / "ds2"
-    run = torchrun(spec_json(dataset_job(dataset, processes=2), out, dataset), out, runtime_env, 2, extra_env=NAN)
+    run = torchrun(spec_json(dataset_job(dataset, processes=2), out, dataset), out, runtime_env, 2, extra_env=FAULTS)
     assert run.returncode == 0, run.stderr[-3000:]
     check_failed_and_named(run)
     assert run.images() == one_rank.images(), "the same pixels, whichever rank claimed which chunk"
@@ -94,11 +119,12 @@ def test_more_failures_than_allowed_fail_the_job_and_name_them(tmp_path: Path, r
     out = tmp_path / "strict"
     job = dataset_job(dataset)
     del job["runPolicy"]  # the default, 1%: none of 8 items may fail
-    run = torchrun(spec_json(job, out, dataset), out, runtime_env, 1, extra_env=NAN)
+    run = torchrun(spec_json(job, out, dataset), out, runtime_env, 1, extra_env=FAULTS)
     assert run.returncode == contract.PERMANENT_FAILURE_EXIT_CODE
     assert run.termination["permanent"] is True
     assert run.termination["message"] == (
-        "spec.runPolicy.maxFailedItems: 1 items failed, more than the 0 allowed (1% of 8 items, the default); "
+        f"spec.runPolicy.maxFailedItems: 1 items failed, more than the 0 allowed (1% of {len(ROWS)} items, the "
+        "default); "
         "first failed: 00002-000 (sku-2): column 'seed': seed 'not a number' is not an integer")
 
 
@@ -169,7 +195,7 @@ def test_webdataset_shards_are_never_partial_and_read_back(tmp_path: Path, runti
     job = dataset_job(dataset, processes=2, output={"layout": "webdataset", "shardSize": 3})
     spec = spec_json(job, out, dataset)
     # Rank 0 dies after writing its first image, and its pod with it: its shard stays a temp file.
-    first = torchrun(spec, out, runtime_env, 2, extra_env={**NAN, contract.MURALIST_TEST_EXIT_AFTER: "1",
+    first = torchrun(spec, out, runtime_env, 2, extra_env={**FAULTS, contract.MURALIST_TEST_EXIT_AFTER: "1",
                                                              contract.MURALIST_TEST_EXIT_RANK: "-1"})
     assert first.returncode != 0
     for shard in (out / "shards").glob("*.tar"):
@@ -181,9 +207,10 @@ def test_webdataset_shards_are_never_partial_and_read_back(tmp_path: Path, runti
                out / "parts" / ".chunk-000001.jsonl.other-pod-7.tmp"]
     for path in foreign:
         path.write_bytes(b"partial")
-    retry = torchrun(spec, out, runtime_env, 2, extra_env=NAN)
+    retry = torchrun(spec, out, runtime_env, 2, extra_env=FAULTS)
     assert retry.returncode == 0, retry.stderr[-3000:]
-    assert sorted(p.name for p in (out / "shards").iterdir()) == [f"shard-{i:06d}.tar" for i in range(3)]
+    assert sorted(p.name for p in (out / "shards").iterdir()) == [f"shard-{i:06d}.tar"
+                                                                  for i in range(math.ceil(len(ROWS) / 3))]
     assert not list(out.rglob(".*.tmp")), "no temp left once the job has merged"
     members = {key: parts for path in sorted((out / "shards").glob("*.tar")) for key, parts in shards.read_shard(path)}
     index = shards.read_index(out / "index.parquet")

@@ -123,11 +123,17 @@ def test_killed_rank_then_resume_renders_only_missing(tmp_path: Path, runtime_en
 
 
 def test_context_parallel_ulysses_2(tmp_path: Path, runtime_env, reference: Run) -> None:
+    # Item 1's call raises inside the pipeline on both ranks of the group, item 2's runs out of memory
+    # once: the group agrees to fail the first alone and to try the second once more, and goes on.
     out = tmp_path / "cp"
-    job = make_job().processes(2).context_parallel(ulysses=2).obj()
-    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2)
+    job = make_job().processes(2).context_parallel(ulysses=2).run_policy(maxFailedItems=1).obj()
+    run = torchrun(runtime_spec_json(job, out), out, runtime_env, 2,
+                   extra_env={contract.MURALIST_TEST_RAISE_ROWS: "1", contract.MURALIST_TEST_OOM_ROWS: "2"})
     assert run.returncode == 0, run.stderr[-3000:]
-    assert_each_image_once(run, KEYS)
+    assert sorted(e["key"] for e in run.events("completed")) == ["00000-000", "00002-000"]
+    assert [(m["key"], m["status"]) for m in run.manifest()] == [
+        ("00000-000", "rendered"), ("00001-000", "failed"), ("00002-000", "rendered")]
+    assert run.manifest()[1]["error"] == "InjectedFailure: MURALIST_TEST_RAISE_ROWS: the call of row 1 fails"
     assert {m["rank"] for m in run.manifest()} == {0}, "only the group's first rank writes"
     assert max_pixel_diff(run, reference) <= 1
 

@@ -35,6 +35,8 @@ from muralist_api.contract import (
     MURALIST_TEST_HANG_AFTER,
     MURALIST_TEST_HANG_RANK,
     MURALIST_TEST_NAN_ROWS,
+    MURALIST_TEST_OOM_ROWS,
+    MURALIST_TEST_RAISE_ROWS,
     MURALIST_TEST_RENDER_REPEAT,
     MURALIST_TEST_SLOW_RANK,
     MURALIST_TEST_STATIC_PLAN,
@@ -56,6 +58,10 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return int(value) if value else default
 
 
+def _rows(env: Mapping[str, str], name: str) -> frozenset[int]:
+    return frozenset(int(x) for x in env.get(name, "").split(",") if x.strip())
+
+
 def _text(env: Mapping[str, str], name: str) -> str | None:
     return env.get(name) or None
 
@@ -71,6 +77,8 @@ class TestFaults:
     hang_rank: int = 0
     break_cp: bool = False
     nan_rows: frozenset[int] = frozenset()
+    raise_rows: frozenset[int] = frozenset()
+    oom_rows: frozenset[int] = frozenset()
     step_sleep: float = 0.0
     slow_rank: int = -1
     render_repeat: int = 1
@@ -78,14 +86,15 @@ class TestFaults:
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> TestFaults:
-        raw_rows = env.get(MURALIST_TEST_NAN_ROWS, "")
         return cls(
             exit_after=_int(env, MURALIST_TEST_EXIT_AFTER, 0),
             exit_rank=_int(env, MURALIST_TEST_EXIT_RANK, 0),
             hang_after=_int(env, MURALIST_TEST_HANG_AFTER, 0),
             hang_rank=_int(env, MURALIST_TEST_HANG_RANK, 0),
             break_cp=env.get(MURALIST_TEST_BREAK_CP) == "1",
-            nan_rows=frozenset(int(x) for x in raw_rows.split(",") if x.strip()),
+            nan_rows=_rows(env, MURALIST_TEST_NAN_ROWS),
+            raise_rows=_rows(env, MURALIST_TEST_RAISE_ROWS),
+            oom_rows=_rows(env, MURALIST_TEST_OOM_ROWS),
             step_sleep=float(env.get(MURALIST_TEST_STEP_SLEEP) or 0),
             slow_rank=_int(env, MURALIST_TEST_SLOW_RANK, -1),
             render_repeat=_int(env, MURALIST_TEST_RENDER_REPEAT, 1),

@@ -5,9 +5,11 @@ audience and interval are the progress wire of the API (muralist_api.contract.pr
 from muralist_operator.progress.aggregate import Aggregator, IndexProgress, JobKey, JobProgress, post_interval
 from muralist_operator.progress.auth import (
     Identity,
+    JobLookup,
     PodInfo,
     TokenVerifier,
     Verdict,
+    api_job_lookup,
     api_pod_lookup,
     pod_info,
 )
@@ -19,6 +21,7 @@ __all__ = [
     "Identity",
     "IndexProgress",
     "JobKey",
+    "JobLookup",
     "JobProgress",
     "PodInfo",
     "ProgressServer",
@@ -26,6 +29,7 @@ __all__ = [
     "TokenVerifier",
     "Verdict",
     "Verifier",
+    "api_job_lookup",
     "api_pod_lookup",
     "client_context",
     "ensure_certificate",

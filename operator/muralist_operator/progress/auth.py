@@ -9,9 +9,11 @@ Two steps, so the server can answer 401 before it reads the body and 403 after:
   TokenReview per pod per token rotation, not per post.
 - `authorize(identity, namespace, job, pod, index)`: the token's pod must exist in the URL's
   namespace with the token's uid (the API server forgets deleted pods' tokens; the cache must
-  not outlive the pod either), carry `muralist.dev/job-name=<job>`, and be the pod the body
-  names, at the completion index it claims. The pod lookup is a callback: the operator's kopf
-  index of its pods (in memory, non-blocking), or `api_pod_lookup` over the API (tests).
+  not outlive the pod either), carry `muralist.dev/job-name=<job>`, be the pod the body names, at
+  the completion index it claims, and be owned by the job's own Job (its controller's uid): a
+  label or a name anyone who may create pods in the namespace can copy, an owner reference to
+  the Job only the Job controller writes. The lookups are callbacks: the operator's kopf indexes
+  (in memory, non-blocking), or `api_pod_lookup` and `api_job_lookup` over the API (tests).
 
 Everything here is synchronous and thread-safe; the server calls it from worker threads.
 """
@@ -78,9 +80,12 @@ class PodInfo:
     uid: str
     job: str | None  # the muralist.dev/job-name label
     index: int | None  # the completion index, when the pod has one
+    owner_uid: str = ""  # its controller's uid: the Job that created it
 
 
 PodLookup = Callable[[str, str], "PodInfo | None"]  # (namespace, name) -> the pod, or None when gone
+# (namespace, diffusionjob) -> the uid of the Job it owns (whose pods may post), or None when it has none
+JobLookup = Callable[[str, str], "str | None"]
 
 
 def pod_info(body: Mapping[str, Any]) -> PodInfo:
@@ -92,7 +97,9 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         index = int(raw) if raw is not None else None
     except ValueError:
         index = None
-    return PodInfo(name=meta.get("name", ""), uid=meta.get("uid", ""), job=labels.get(LABEL_JOB), index=index)
+    owner = next((r.get("uid") or "" for r in meta.get("ownerReferences") or [] if r.get("controller")), "")
+    return PodInfo(name=meta.get("name", ""), uid=meta.get("uid", ""), job=labels.get(LABEL_JOB), index=index,
+                   owner_uid=owner)
 
 
 def api_pod_lookup(core_v1: Any) -> PodLookup:
@@ -106,6 +113,23 @@ def api_pod_lookup(core_v1: Any) -> PodLookup:
                 return None
             raise
         return pod_info(json.loads(resp.data))
+
+    return lookup
+
+
+def api_job_lookup(batch_v1: Any) -> JobLookup:
+    """A lookup that reads the Job named as the diffusionjob, labelled as its, from the API server
+    (for tests: the operator's own lookup also checks that the diffusionjob owns it)."""
+
+    def lookup(namespace: str, name: str) -> str | None:
+        try:
+            resp = batch_v1.read_namespaced_job(name, namespace, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        meta = json.loads(resp.data).get("metadata") or {}
+        return meta.get("uid") if (meta.get("labels") or {}).get(LABEL_JOB) == name else None
 
     return lookup
 
@@ -131,6 +155,7 @@ class TokenVerifier:
         self,
         authentication_api: Any,  # kubernetes.client.AuthenticationV1Api
         pods: PodLookup,
+        jobs: JobLookup,
         audience: str = PROGRESS_AUDIENCE,
         positive_ttl: float = POSITIVE_TTL_SECONDS,
         negative_ttl: float = NEGATIVE_TTL_SECONDS,
@@ -140,6 +165,7 @@ class TokenVerifier:
     ) -> None:
         self._api = authentication_api
         self._pods = pods
+        self._jobs = jobs
         self.audience = audience
         self.positive_ttl = positive_ttl
         self.negative_ttl = negative_ttl
@@ -252,6 +278,11 @@ class TokenVerifier:
             return Verdict(HTTPStatus.FORBIDDEN, f"{who} is not a pod of diffusionjob {job}", identity)
         if pod != identity.pod_name:
             return Verdict(HTTPStatus.FORBIDDEN, f"{who} cannot post as pod {pod}", identity)
-        if info.index is not None and index != info.index:
+        if info.index is None:
+            return Verdict(HTTPStatus.FORBIDDEN, f"{who} has no completion index: it is no pod of a Job", identity)
+        if index != info.index:
             return Verdict(HTTPStatus.FORBIDDEN, f"{who} has completion index {info.index}, not {index}", identity)
+        workers = self._jobs(namespace, job)
+        if workers is None or info.owner_uid != workers:
+            return Verdict(HTTPStatus.FORBIDDEN, f"{who} is not owned by the Job of diffusionjob {job}", identity)
         return Verdict(HTTPStatus.OK, "authorized", identity)

@@ -19,7 +19,7 @@ from typing import Any
 
 from muralist_api.contract import PermanentFailure
 from muralist_api.contract.env import PodEnv
-from muralist_api.items import Item
+from muralist_api.items import Item, text_problem
 from muralist_api.rules.catalog import TINY_MODEL_NAMES
 from muralist_api.rules.workloads import IMAGE_FORMATS, VIDEO_FORMATS
 from muralist_api.runtime_spec import RuntimeSpec
@@ -241,14 +241,19 @@ def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_st
                    steps: int | None = None, seed_offset: int = 0) -> list[Checked]:
     """Render a batch: each item's (layouts.RenderedOutput, None), or (None, why it cannot be used).
 
-    An item fails on its own when its inputs cannot be read (inputs.InputError, naming the
-    field and the path) or its output has NaN values. Items of different strengths, or with
+    An item fails on its own when its text is not valid Unicode (items.text_problem: a tokenizer
+    would raise), its inputs cannot be read (inputs.InputError, naming the field and the path) or
+    its output has NaN values. Items of different strengths, or with
     and without inputs, go in separate calls (a pipeline takes one strength per call).
     """
     loaded: dict[str, dict[str, Any]] = {}
     results: dict[str, Checked] = {}
     needs = needs_image(pipe)
     for item in batch:
+        bad_text = text_problem("prompt", item.prompt) or text_problem("negativePrompt", item.negative_prompt)
+        if bad_text:
+            results[item.key] = (None, bad_text)
+            continue
         try:
             loaded[item.key] = load_inputs(runtime, item)
         except InputError as e:

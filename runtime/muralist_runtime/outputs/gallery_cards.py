@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+from muralist_api.items import printable
+
 # Played by a <video> element; everything else (png, jpeg, animated webp and gif) is an <img>.
 VIDEO_EXTENSIONS = (".mp4", ".m4v", ".webm", ".mov", ".ogv")
 STATUSES = ("rendered", "skipped", "failed")
@@ -55,7 +57,8 @@ def _url(path: Any, prefix: str) -> str | None:
 
 
 def _text(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    # printable: a page is UTF-8, which has no lone surrogates (a row's text may hold one).
+    return html.escape(printable(str(value)), quote=True)
 
 
 def _media(entry: Mapping[str, Any], file_url: str, alt: str, prefix: str) -> str:

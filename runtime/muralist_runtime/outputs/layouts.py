@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from muralist_api.contract import PermanentFailure, output_format
-from muralist_api.items import Item
+from muralist_api.items import Item, printable
 from muralist_api.runtime_spec import RuntimeSpec
 
 from . import media, shards, storage, temps
@@ -217,7 +217,7 @@ def encode_image(image: Any, fmt: str, meta: dict[str, Any]) -> bytes:
         info = PngInfo()
         for name in PNG_TEXT_FIELDS:
             if meta.get(name) is not None:
-                info.add_text(name, str(meta[name]))
+                info.add_text(name, printable(str(meta[name])))  # a text chunk is UTF-8 (or Latin-1): no surrogates
         kwargs["pnginfo"] = info
     else:
         kwargs["quality"] = 95

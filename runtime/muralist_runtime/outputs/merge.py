@@ -16,6 +16,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from muralist_api.items import printable
 from muralist_api.runtime_spec import RuntimeSpec
 
 from ..work import item_failures
@@ -46,15 +47,20 @@ def index_row(entry: dict[str, Any]) -> dict[str, Any]:
     shard = entry.get("shard")
     return {
         "index": entry.get("index"),
-        "id": entry.get("id"),
+        "id": _utf8(entry.get("id")),
         "key": entry.get("key"),
-        "prompt": entry.get("prompt"),
+        "prompt": _utf8(entry.get("prompt")),
         "seed": entry.get("seed"),
         "shard": int(Path(shard).stem.split("-")[1]) if shard else None,
         "status": entry.get("status"),
         "seconds": entry.get("seconds"),
-        "error": entry.get("error"),
+        "error": _utf8(entry.get("error")),
     }
+
+
+def _utf8(text: Any) -> Any:
+    """A Parquet string is UTF-8: a row's text with a lone surrogate is escaped (the manifest keeps it)."""
+    return printable(text) if isinstance(text, str) else text
 
 
 def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str, Any],

@@ -2,16 +2,17 @@
 
 Only a group's first rank claims, writes and counts; it shares each chunk's item list with
 its group (the other ranks render the same items with it). An item fails on its own — a row
-that could not be read, an input image that is missing or unreadable, an output with NaN
-values, an exception or out-of-memory error of a group of one — and is recorded with its
-reason; when a chunk ends, item_failures decides whether the failures so far fail the job.
+that could not be read, text that is not valid Unicode, an input image that is missing or
+unreadable, an output with NaN values, any exception of its pipeline call (render/failures.py:
+only a broken collective or a lost device fails the rank) — and is recorded with its reason;
+when a chunk ends, item_failures decides whether the failures so far fail the job.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from ..testing import faults
 from ..work import chunks, item_failures, rows
 from ..work.item_failures import NAMED, describe_item
 from ..world import drain
+from . import failures
 from .cache_gate import CacheGate
 
 log = logging.getLogger("muralist")
@@ -197,52 +199,75 @@ def _batches(items: list[Item], size: int) -> list[list[Item]]:
 Rendered = tuple[Item, RenderedOutput | None, str | None, float]
 
 
-def render_items(job: Job, pipe: Any, state: RunState, batch: list[Item],
-                 gate: CacheGate | None = None) -> list[Rendered]:
+def render_items(job: Job, pipe: Any, state: RunState, batch: list[Item], gate: CacheGate | None = None,
+                 retry: bool = False) -> list[Rendered]:
     """(item, image, None, seconds) per rendered item, (item, None, reason, 0) per failed one; the
-    cache gate's sampled items measured (their seconds include the render without the cache)."""
+    cache gate's sampled items measured (their seconds include the render without the cache).
+
+    A call that raises fails its items, not the rank (render/failures.py): a batch is tried again
+    item by item, to find the one that fails; an item out of memory is tried once more, alone
+    (`retry` marks that try). In a group of several ranks, the ranks agree on the outcome of every
+    call, so that all of them fail, retry or go on alike."""
     if not batch:
         return []
     failed: list[Rendered] = [(i, None, i.error, 0.0) for i in batch if i.error]
     batch = [i for i in batch if not i.error]
+    if not batch:
+        return failed
     slow = faults.step_sleep(state.world.layout.rank)
+    rows = [i.row for i in batch]
 
     def on_step() -> None:
+        faults.raise_in_call(rows)
         state.progress.step_done()
         if slow:
             time.sleep(slow)
 
     t0 = time.perf_counter()
+    results, error = _call(job, pipe, state, batch, gate, on_step)
+    error = _group_outcome(state, error)
+    if error is None:
+        seconds = (time.perf_counter() - t0) / max(1, len(batch))
+        return failed + [(item, image, why, seconds) for item, (image, why) in zip(batch, results, strict=True)]
+    why, oom = error
+    if len(batch) > 1:  # find the item that fails, render the others
+        return failed + [r for one in batch for r in render_items(job, pipe, state, [one], gate, retry=True)]
+    failures.release_memory()
+    if oom and not retry:
+        log.warning("item %s ran out of memory; trying it once more, alone: %s", batch[0].key, why)
+        return failed + render_items(job, pipe, state, batch, gate, retry=True)
+    log.warning("item %s failed: %s", batch[0].key, why)
+    return [*failed, (batch[0], None, why, 0.0)]
+
+
+Outcome = tuple[str, bool]  # a failed call: (its reason, out of memory)
+
+
+def _call(job: Job, pipe: Any, state: RunState, batch: list[Item], gate: CacheGate | None,
+          on_step: Callable[[], None]) -> tuple[list[pipeline.Checked], Outcome | None]:
+    """One call's results, or why it failed; a failure of the world is raised."""
     try:
-        results = pipeline.render_checked(pipe, job.runtime, batch, on_step=on_step) if batch else []
+        results = pipeline.render_checked(pipe, job.runtime, batch, on_step=on_step)
         for _ in range(faults.render_repeat(state.world.layout.rank) - 1):  # a test's slow rank: the same work again
             pipeline.render_checked(pipe, job.runtime, batch)
-        if gate is not None and batch:
+        if gate is not None:
             results = gate.check(pipe, batch, results, on_step, state.writes)
     except Exception as e:
-        if state.world.layout.group_size > 1 or not _item_error(e):
-            raise  # a group's collective or a broken process: the pod fails and is retried
-        if len(batch) > 1:  # find the item that fails, render the others
-            return failed + [r for one in batch for r in render_items(job, pipe, state, [one], gate)]
-        _release_memory()
-        return [*failed, (batch[0], None, f"{type(e).__name__}: {e}".splitlines()[0][:500], 0.0)]
-    seconds = (time.perf_counter() - t0) / max(1, len(batch))
-    return failed + [(item, image, reason, seconds) for item, (image, reason) in zip(batch, results, strict=True)]
+        if failures.world_failure(e):
+            raise  # a broken collective or a lost device: the pod fails and is retried
+        return [], (failures.reason(e), failures.out_of_memory(e))
+    return results, None
 
 
-def _item_error(e: Exception) -> bool:
-    """Errors of one item (its inputs, its memory), not of the process: another CUDA error leaves
-    the device unusable, so it fails the pod, which is retried."""
-    import torch
-
-    return isinstance(e, torch.OutOfMemoryError | ValueError | OSError)
-
-
-def _release_memory() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def _group_outcome(state: RunState, mine: Outcome | None) -> Outcome | None:
+    """The call's outcome for the whole group: failed if it failed on any rank (every rank reached
+    this point, so none is left in a collective of the call), out of memory if it was on any."""
+    if state.world.layout.group_size == 1:
+        return mine
+    outcomes = [o for o in state.world.gather_in_group(mine) if o is not None]
+    if not outcomes:
+        return None
+    return outcomes[0][0], any(oom for _, oom in outcomes)
 
 
 def _add_written(state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None:

@@ -9,6 +9,10 @@
 With either set, each image is written before the next is rendered, so N is exact.
 - MURALIST_TEST_NAN_ROWS=3,7: the outputs of those rows come out as NaN (a diverged sampler),
   so the per-item failure path runs for real.
+- MURALIST_TEST_RAISE_ROWS=3: a pipeline call that renders row 3 raises a RuntimeError from its
+  step callback, inside the call, every time: an item whose call fails (render/failures.py).
+- MURALIST_TEST_OOM_ROWS=3: the same with torch.OutOfMemoryError, once per process per row: the
+  call is retried once, alone, and renders.
 - MURALIST_TEST_STEP_SLEEP=s with MURALIST_TEST_SLOW_RANK=r: rank r sleeps s seconds after every
   denoising step (a GPU half as fast) while its device sits idle: for tests that need a slow rank.
 - MURALIST_TEST_RENDER_REPEAT=k with MURALIST_TEST_SLOW_RANK=r: rank r renders each batch k times
@@ -63,6 +67,27 @@ class TestKnobs:
 
 def nan_rows() -> frozenset[int]:
     return PodEnv.from_environ().faults.nan_rows
+
+
+class InjectedFailure(RuntimeError):
+    """MURALIST_TEST_RAISE_ROWS: a pipeline call's failure that is no world's."""
+
+
+_OOM_RAISED: set[int] = set()
+
+
+def raise_in_call(rows: list[int]) -> None:
+    """From a step callback: fail the call as MURALIST_TEST_RAISE_ROWS / _OOM_ROWS say for its rows."""
+    faults = PodEnv.from_environ().faults
+    hit = sorted(set(rows) & faults.raise_rows)
+    if hit:
+        raise InjectedFailure(f"{contract.MURALIST_TEST_RAISE_ROWS}: the call of row {hit[0]} fails")
+    first = sorted((set(rows) & faults.oom_rows) - _OOM_RAISED)
+    if first:
+        import torch
+
+        _OOM_RAISED.update(first)
+        raise torch.OutOfMemoryError(f"{contract.MURALIST_TEST_OOM_ROWS}: row {first[0]} ran out of memory once")
 
 
 def step_sleep(rank: int) -> float:

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from muralist_api.contract import PermanentFailure
+from muralist_api.items import printable
 from muralist_api.pods import DEFAULT_MAX_FAILED_ITEMS, EARLY_FAILED_CHUNKS, EARLY_FAILED_ITEMS, RunPolicy
 
 # How many failed items a failure's message names (status.message and the termination message
@@ -55,10 +56,10 @@ class FailureVerdict:
 
 def describe_item(key: str, id: str | None, reason: str | None) -> str:
     """`00002-000 (sku-2): column 'seed': seed 'x' is not an integer`, in one short line."""
-    text = " ".join(str(reason or "failed").split())
+    text = " ".join(printable(str(reason or "failed")).split())
     if len(text) > REASON_CHARS:
         text = text[: REASON_CHARS - 3] + "..."
-    return f"{key}{f' ({id})' if id else ''}: {text}"
+    return f"{key}{f' ({printable(id)})' if id else ''}: {text}"
 
 
 def systematic(t: JobTally) -> bool:

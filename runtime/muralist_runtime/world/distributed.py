@@ -146,6 +146,16 @@ class DistributedWorld:
         dist.broadcast_object_list(box, src=self.layout.pg_group_first, group=self.group)
         return box[0]
 
+    def gather_in_group(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in group order, on every rank of the group (each rank's outcome of a call)."""
+        if self.group is None:
+            return [value]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.layout.group_size
+        dist.all_gather_object(out, value, group=self.group)
+        return out
+
     def close(self) -> None:
         if self.distributed:
             import torch.distributed as dist

@@ -87,7 +87,7 @@ def test_a_token_review_that_gets_no_answer_is_a_503_within_its_own_timeout(
         silent: Silent, monkeypatch: pytest.MonkeyPatch) -> None:
     kube = Kube.connect(configuration=client.Configuration(host=f"http://127.0.0.1:{silent.port}"))
     monkeypatch.setattr(auth, "REVIEW_TIMEOUT", (1.0, 0.3))  # auth.REVIEW_TIMEOUT's mechanism, quicker
-    verifier = auth.TokenVerifier(kube.authentication, lambda _ns, _name: None)
+    verifier = auth.TokenVerifier(kube.authentication, lambda _ns, _name: None, lambda _ns, _name: None)
     started = time.monotonic()
     verdict = verifier.authenticate("a-token")
     assert time.monotonic() - started < 3.0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from muralist_operator.decision import (
     DeleteJob,
     DeleteSelf,
     ResizeJob,
+    RestoreChildren,
     SetJobSuspend,
     StopPod,
     decide_failed,
@@ -335,3 +337,52 @@ def test_cache_verify_reaches_status_from_the_pods_termination_messages() -> Non
     plain = decide(make_job().job(), status(phase="Running"), 1, Observed(job=job_view(), pods=[finished(0, None)]),
                    NOW)
     assert plain.status.cache_verify is None
+
+
+# -- pods that never start; children that are gone
+
+
+def test_a_pod_that_cannot_pull_its_image_is_named_in_status() -> None:
+    job = make_job().world(nodes=2).job()
+    pull = pod(1, "Pending", waiting_reason="ImagePullBackOff", waiting_message='Back-off pulling image "nope"',
+               created=iso(NOW - timedelta(seconds=20)))
+    d = decide(job, status(phase="Pending"), 1, Observed(job=job_view(), pods=[pod(0), pull]), NOW)
+    assert d.status.phase == Phase.PENDING and d.actions == []
+    assert d.status.message == ('1/2 pod(s) running; index 1 (pod cats-1-0): ImagePullBackOff: Back-off pulling '
+                                'image "nope"')
+    waiting = next(c for c in d.status.conditions if c.type == "PodsNotStarting")
+    assert (waiting.status, waiting.reason) == ("True", "ImagePullBackOff")
+    # It starts: the condition goes, and the job runs.
+    started = decide(job, d.status, 1, Observed(job=job_view(), pods=[pod(0), pod(1)]), NOW)
+    assert started.status.phase == Phase.RUNNING and "PodsNotStarting" not in conditions(started.status)
+
+
+def test_a_pod_that_never_starts_fails_the_job_at_its_timeout() -> None:
+    job = make_job().world(nodes=2).run_policy(startTimeoutSeconds=60).job()
+    stuck = pod(1, "Pending", waiting_reason="Unschedulable", waiting_message="0/2 nodes are available",
+                created=iso(NOW - timedelta(seconds=61)))
+    d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=[pod(0), stuck]), NOW)
+    assert d.status.phase == Phase.FAILED and d.actions == [DeleteJob("Unschedulable")]
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "Unschedulable")]
+    # A suspended job's pods are not timed (nor are they there for long).
+    paused = decide(job.model_copy(update={"spec": job.spec.model_copy(update={"run_policy": job.spec.run_policy
+                    .model_copy(update={"suspend": True})})}), status(phase="Suspended"), 1,
+                    Observed(job=job_view(suspended=True), pods=[stuck]), NOW)
+    assert paused.status.phase == Phase.SUSPENDED
+
+
+def test_children_that_are_gone_are_created_again() -> None:
+    job = make_job().world(nodes=2).job()
+    expected = frozenset({("ConfigMap", "cats-spec"), ("Service", "cats"), ("NetworkPolicy", "cats")})
+    seen = Observed(job=job_view(), pods=[pod(0), pod(1)], expected_children=expected,
+                    children=frozenset({("ConfigMap", "cats-spec"), ("Service", "cats")}))
+    d = decide(job, status(phase="Running"), 1, seen, NOW)
+    assert d.actions == [RestoreChildren((("NetworkPolicy", "cats"),))]
+    assert [(e.type, e.reason, e.message) for e in d.events] == [
+        ("Warning", "ChildRestored", "NetworkPolicy cats was gone: created again")]
+    unknown = dataclasses.replace(seen, children=None)  # the indexes are not there: nothing is restored
+    assert decide(job, status(phase="Running"), 1, unknown, NOW).actions == []
+    done = decide(job, status(phase="Succeeded"), 1, seen, NOW)
+    assert done.actions == [], "a finished job's children are left as they are"
+    fresh = decide(job, status(), 1, dataclasses.replace(seen, job=None), NOW)
+    assert fresh.actions == [CreateJob(None)], "no Job: everything is created (what exists is checked then)"

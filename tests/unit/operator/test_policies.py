@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from muralist_api.job import ContextParallelSpec, Parallelism, RunPolicy
@@ -18,7 +19,8 @@ from muralist_operator.decision import (
     Transition,
     iso,
 )
-from muralist_operator.policies import deadline, failure, stall, suspension, ttl, world
+from muralist_operator.observe import JobView, PodView, WarningEvent
+from muralist_operator.policies import deadline, failure, stall, start, suspension, ttl, world
 
 from tests.builders import make_job
 from tests.views import NOW, failed, index_progress, job_view, pod, progress
@@ -267,3 +269,164 @@ FAILED_AT = ago(10)
 )
 def test_a_world_spanning_pods_starts_again_together(par: Parallelism, pods: list, expected: list) -> None:
     assert [(s.pod.name, s.failed.index) for s in world.peers_to_stop(par, pods)] == expected
+
+
+# -- pods that never start (policies.start)
+
+def pending(index: int = 0, reason: str = "", message: str = "", age: float = 5, **fields: Any) -> PodView:
+    """A pod of `index` created `age` seconds ago that has not started."""
+    return pod(index, "Pending", waiting_reason=reason, waiting_message=message, created=ago(age), **fields)
+
+
+PULL = ("ImagePullBackOff", 'Back-off pulling image "registry.example/muralist:nope"')
+UNSCHEDULABLE = ("Unschedulable", "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+
+
+@pytest.mark.parametrize(
+    ("pods", "expected"),
+    [
+        ([pod(0), pod(1)], []),  # running: started
+        ([pending(0, *PULL), pod(1)], [(0, "cats-0-0", "ImagePullBackOff")]),  # a problem: named at once
+        ([pending(0, *UNSCHEDULABLE, age=1)], [(0, "cats-0-0", "Unschedulable")]),
+        ([pending(0, age=5, scheduled=True)], []),  # merely slow, and not for long
+        ([pending(0, age=45, scheduled=True)], [(0, "cats-0-0", "ContainerCreating")]),
+        ([pending(0, age=45)], [(0, "cats-0-0", "Pending")]),  # no node, no verdict yet
+        ([pending(0, *PULL, gated=True)], []),  # behind a scheduling gate: Kueue's to admit
+        ([pending(0, *PULL, deleting=True)], []),
+        # The slow one after the one with a problem, whichever waited longer.
+        ([pending(0, age=300, scheduled=True), pending(1, *PULL, age=10)],
+         [(1, "cats-1-0", "ImagePullBackOff"), (0, "cats-0-0", "ContainerCreating")]),
+        # A retried index: its failed pod stays; its new pod has not started.
+        ([failed(0), pending(0, *PULL, failures=1)], [(0, "cats-0-1", "ImagePullBackOff")]),
+    ],
+    ids=["running", "image-pull", "unschedulable", "slow-briefly", "creating", "not-scheduled", "gated", "deleting",
+         "problem-first", "retried"],
+)
+def test_pods_that_have_not_started_are_named(pods: list[PodView], expected: list) -> None:
+    found = start.waiting(pods, job_view(), {}, {}, NOW)
+    assert [(w.index, w.pod, w.reason) for w in start.named(found, NOW)] == expected
+
+
+@pytest.mark.parametrize(
+    "current",
+    [job_view(suspended=True), job_view(deleting=True), job_view(complete=True), job_view(failed=True), None],
+    ids=["suspended", "deleting", "complete", "failed", "no-job"],
+)
+def test_nothing_waits_to_start_when_the_job_runs_no_pods(current: JobView | None) -> None:
+    assert start.waiting([pending(0, *PULL, age=9999)], current, {}, {}, NOW) == []
+
+
+def test_a_volume_that_cannot_be_mounted_is_named_by_the_pods_event() -> None:
+    # FailedMount leaves the pod ContainerCreating: only the kubelet's event says why.
+    slow = pending(0, age=45, scheduled=True)
+    found = start.waiting([slow], job_view(), {}, {}, NOW)
+    assert start.event_subjects(found, NOW) == ["uid-0-0"]
+    event = WarningEvent("FailedMount", 'MountVolume.SetUp failed for volume "prompts" : configmap "prompt-list" '
+                         "not found", NOW)
+    [named] = start.named(start.waiting([slow], job_view(), {"uid-0-0": event}, {}, NOW), NOW)
+    assert (named.reason, named.problem) == ("FailedMount", True)
+    assert named.describe() == ('index 0 (pod cats-0-0): FailedMount: MountVolume.SetUp failed for volume "prompts" '
+                                ': configmap "prompt-list" not found')
+    assert start.event_subjects(start.waiting([pending(0, *PULL)], job_view(), {}, {}, NOW), NOW) == [], \
+        "a reason of its own: no events read"
+
+
+def test_an_index_the_job_could_not_create_is_named_by_the_jobs_event() -> None:
+    current = job_view(completions=2, uid="job-uid")
+    rejected = WarningEvent("FailedCreate", 'Error creating: pods "cats-1-x" is forbidden: violates PodSecurity '
+                            '"restricted:latest"', NOW - timedelta(seconds=5))
+    clocks = {start.index_clock("job-uid", 1): NOW - timedelta(seconds=40)}
+    assert start.missing_indexes(current, [pod(0)]) == [1]
+    [quiet] = start.waiting([pod(0)], current, {}, clocks, NOW)
+    assert (quiet.reason, quiet.uid, quiet.problem) == (start.NOT_CREATED, "job-uid", False)
+    assert start.event_subjects([quiet], NOW) == ["job-uid"]
+    [named] = start.named(start.waiting([pod(0)], current, {"job-uid": rejected}, clocks, NOW), NOW)
+    assert (named.index, named.pod, named.reason) == (1, "", "FailedCreate")
+    assert named.describe().startswith('index 1: FailedCreate: Error creating: pods "cats-1-x" is forbidden')
+    stale = dataclasses.replace(rejected, time=NOW - timedelta(seconds=start.EVENT_FRESH_SECONDS + 1))
+    assert start.waiting([pod(0)], current, {"job-uid": stale}, clocks, NOW)[0].reason == start.NOT_CREATED, \
+        "an event about an earlier attempt says nothing about now"
+    assert start.missing_indexes(job_view(completions=2, start_time=None), []) == [], "the Job has not started"
+
+
+TIMEOUT = make_job().run_policy(startTimeoutSeconds=120).job().spec.run_policy
+DEFAULT = make_job().job().spec.run_policy
+
+
+@pytest.mark.parametrize(
+    ("policy", "pods", "clocks", "expected"),
+    [
+        (TIMEOUT, [pending(0, *PULL, age=119)], {}, None),
+        (TIMEOUT, [pending(0, *PULL, age=120)], {}, "cats-0-0"),
+        (TIMEOUT, [pending(0, age=200, scheduled=True)], {}, "cats-0-0"),  # slow counts too
+        (TIMEOUT, [pending(0, *PULL, age=130), pending(1, *UNSCHEDULABLE, age=500)], {}, "cats-1-0"),  # longest
+        (DEFAULT, [pending(0, *PULL, age=599)], {}, None),
+        (DEFAULT, [pending(0, *PULL, age=600)], {}, "cats-0-0"),
+        # A retried pod has its own clock: its index failing an hour ago does not count.
+        (TIMEOUT, [failed(0, created=ago(3600)), pending(0, *PULL, failures=1, age=30)], {}, None),
+        # Its gate was lifted 30 s ago: created long before, it waited behind the gate, not to start.
+        (TIMEOUT, [pending(0, *UNSCHEDULABLE, age=3600)], {"uid-0-0": NOW - timedelta(seconds=30)}, None),
+        (TIMEOUT, [pending(0, *PULL, age=9999, gated=True)], {}, None),
+    ],
+    ids=["under", "at", "slow", "longest-first", "default-under", "default-at", "retried", "gate-lifted", "gated"],
+)
+def test_start_timeout(policy: RunPolicy, pods: list[PodView], clocks: dict, expected: str | None) -> None:
+    late = start.timed_out(start.waiting(pods, job_view(), {}, clocks, NOW), policy, NOW)
+    assert (late.pod if late is not None else None) == expected
+
+
+def test_an_index_without_a_pod_is_timed_only_when_the_job_says_why() -> None:
+    # Without an event it is the Job controller's backoff (or the controller away): not the job's fault.
+    current = job_view(completions=1, uid="job-uid")
+    clocks = {start.index_clock("job-uid", 0): NOW - timedelta(seconds=900)}
+    quiet = start.waiting([], current, {}, clocks, NOW)
+    assert start.timed_out(quiet, TIMEOUT, NOW) is None
+    rejected = {"job-uid": WarningEvent("FailedCreate", "forbidden", NOW)}
+    late = start.timed_out(start.waiting([], current, rejected, clocks, NOW), TIMEOUT, NOW)
+    assert late is not None and start.timeout_message(late, TIMEOUT, NOW) == (
+        "index 0: FailedCreate: forbidden; not started after 900s (runPolicy.startTimeoutSeconds=120)")
+
+
+def test_the_timeout_says_where_it_comes_from() -> None:
+    late = start.timed_out(start.waiting([pending(0, *PULL, age=700)], job_view(), {}, {}, NOW), DEFAULT, NOW)
+    assert late is not None and start.timeout_message(late, DEFAULT, NOW) == (
+        'index 0 (pod cats-0-0): ImagePullBackOff: Back-off pulling image "registry.example/muralist:nope"; not '
+        "started after 700s (runPolicy.startTimeoutSeconds unset: the default, 600s)")
+
+
+def test_the_next_start_check_is_the_earliest_notice_or_timeout() -> None:
+    def due(*pods: PodView) -> datetime | None:
+        return start.next_check(start.waiting(list(pods), job_view(), {}, {}, NOW), TIMEOUT, NOW)
+
+    assert due(pod(0)) is None, "nothing waits"
+    assert due(pending(0, *PULL, age=100)) == NOW + timedelta(seconds=21), "named already: its timeout"
+    assert due(pending(0, age=10, scheduled=True)) == NOW + timedelta(seconds=20), "slow: when it is to be named"
+    assert due(pending(0, age=40, scheduled=True)) == NOW + timedelta(seconds=start.EVENTS_AGAIN_SECONDS), \
+        "named, reason unknown: its events again"
+    assert due(pending(0, *PULL, age=500)) == NOW, "overdue: now"
+
+
+def test_the_condition_names_the_waiting_pods_and_goes_when_they_start() -> None:
+    t = Transition(DiffusionJobStatus(), 1, NOW)
+    found = start.waiting([pending(0, *PULL), pending(1, *UNSCHEDULABLE)], job_view(), {}, {}, NOW)
+    first = start.apply(t, TIMEOUT, found, NOW)
+    assert first is not None and first.index == 0
+    [condition] = t.status.conditions
+    assert (condition.type, condition.status, condition.reason) == ("PodsNotStarting", "True", "ImagePullBackOff")
+    assert condition.message == ('index 0 (pod cats-0-0): ImagePullBackOff: Back-off pulling image '
+                                 '"registry.example/muralist:nope"; index 1 (pod cats-1-0): Unschedulable: 0/2 nodes '
+                                 "are available: 2 Insufficient nvidia.com/gpu.")
+    assert t.decision.actions == [] and t.status.phase == Phase.PENDING
+    later = Transition(t.status, 1, NOW)
+    assert start.apply(later, TIMEOUT, start.waiting([pod(0), pod(1)], job_view(), {}, {}, NOW), NOW) is None
+    assert later.status.conditions == []
+
+
+def test_past_the_start_timeout_the_job_fails_with_the_pods_reason() -> None:
+    t = Transition(DiffusionJobStatus(), 1, NOW)
+    start.apply(t, TIMEOUT, start.waiting([pending(0, *UNSCHEDULABLE, age=121)], job_view(), {}, {}, NOW), NOW)
+    assert t.status.phase == Phase.FAILED and t.decision.actions == [DeleteJob("Unschedulable")]
+    failed_condition = next(c for c in t.status.conditions if c.type == "Failed")
+    assert failed_condition.reason == "Unschedulable"
+    assert failed_condition.message.startswith("index 0 (pod cats-0-0): Unschedulable: 0/2 nodes are available")
+    assert failed_condition.message.endswith("not started after 121s (runPolicy.startTimeoutSeconds=120)")

@@ -11,7 +11,7 @@ from muralist_api import contract
 from muralist_api.job import ContextParallelSpec
 from muralist_api.rules.catalog import CONFIGMAP_MAX_BYTES
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_operator.render import RenderError, render_children
+from muralist_operator.render import RenderError, child_names, render_children
 from muralist_operator.settings import OperatorSettings
 
 from tests.builders import make_job
@@ -439,3 +439,20 @@ def test_without_a_secret_the_pods_use_their_own_identity() -> None:
     plain = make_job("cats").output(volume={"persistentVolumeClaim": {"claimName": "out"}}).job()
     pod = render_children(plain, "team-a", SETTINGS).job["spec"]["template"]["spec"]
     assert {"name": "output", "persistentVolumeClaim": {"claimName": "out"}} in pod["volumes"], "volumes as before"
+
+
+@pytest.mark.parametrize(
+    ("job", "settings"),
+    [
+        (make_job().job(), OperatorSettings()),  # one pod: no Service
+        (make_job().world(nodes=3).job(), OperatorSettings()),
+        (make_job().world(nodes=3).job(), OperatorSettings(network_policies=False)),
+        (make_job().world(nodes=3).set("spec.networkPolicy", {"enabled": True}).job(),
+         OperatorSettings(network_policies=False)),
+    ],
+    ids=["one-pod", "several", "policies-off", "job-asks"],
+)
+def test_child_names_are_what_render_makes_besides_the_job(job: Any, settings: OperatorSettings) -> None:
+    # What the reconciler restores when one is gone, named without rendering the job.
+    rendered = render_children(job, "ns", settings).all()
+    assert child_names(job, settings) == {(o["kind"], o["metadata"]["name"]) for o in rendered if o["kind"] != "Job"}

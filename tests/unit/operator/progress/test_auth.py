@@ -60,12 +60,19 @@ class World:
     def __init__(self) -> None:
         self.api = FakeAuthApi()
         self.pods: dict[tuple[str, str], PodInfo] = {
-            ("team-a", "cats-0"): PodInfo("cats-0", "uid-0", "cats", 0),
-            ("team-a", "cats-1"): PodInfo("cats-1", "uid-1", "cats", 1),
-            ("team-a", "dogs-0"): PodInfo("dogs-0", "uid-d", "dogs", 0),
+            ("team-a", "cats-0"): PodInfo("cats-0", "uid-0", "cats", 0, owner_uid="job-cats"),
+            ("team-a", "cats-1"): PodInfo("cats-1", "uid-1", "cats", 1, owner_uid="job-cats"),
+            ("team-a", "dogs-0"): PodInfo("dogs-0", "uid-d", "dogs", 0, owner_uid="job-dogs"),
+            # Labelled as a pod of cats by someone who may create pods: no Job owns it.
+            ("team-a", "mine"): PodInfo("mine", "uid-m", "cats", 0),
+            # Owned by a Job, without a completion index (no pod of an Indexed Job).
+            ("team-a", "loose"): PodInfo("loose", "uid-l", "cats", None, owner_uid="job-cats"),
         }
+        # The Job each diffusionjob owns (the operator's index; gone: None).
+        self.jobs: dict[tuple[str, str], str] = {("team-a", "cats"): "job-cats", ("team-a", "dogs"): "job-dogs"}
         self.now, self.wall = 100.0, WALL
         self.verifier = TokenVerifier(self.api, lambda ns, name: self.pods.get((ns, name)),
+                                      lambda ns, name: self.jobs.get((ns, name)),
                                       clock=lambda: self.now, wall_clock=lambda: self.wall)
 
     def verify(self, token: str | None, namespace: str = "team-a", job: str = "cats", pod: str = "cats-0",
@@ -106,7 +113,23 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], HTTPStatus, str]] = {
     "claiming another index": ({}, {"index": 1}, HTTPStatus.FORBIDDEN, "has completion index 0, not 1"),
     "the pod is gone": ({"pod": "cats-9"}, {"pod": "cats-9"}, HTTPStatus.UNAUTHORIZED, "no longer exists"),
     "a pod of the same name replaced it": ({"uid": "uid-old"}, {}, HTTPStatus.UNAUTHORIZED, "was replaced"),
+    "a pod with the job's label that no Job owns": ({"pod": "mine", "uid": "uid-m"}, {"pod": "mine"},
+                                                    HTTPStatus.FORBIDDEN,
+                                                    "is not owned by the Job of diffusionjob cats"),
+    "a pod without a completion index": ({"pod": "loose", "uid": "uid-l"}, {"pod": "loose"}, HTTPStatus.FORBIDDEN,
+                                         "has no completion index"),
 }
+
+
+def test_a_pod_of_a_job_that_is_not_the_diffusionjobs_own_is_forbidden(world: World) -> None:
+    token = world.api.pod_token(jwt("a"), "cats-0", "uid-0")
+    world.jobs[("team-a", "cats")] = "job-of-someone-else"  # cats' Job was deleted and another made
+    assert world.verify(token) == (HTTPStatus.FORBIDDEN,
+                                   "pod team-a/cats-0 is not owned by the Job of diffusionjob cats")
+    del world.jobs[("team-a", "cats")]  # cats has no Job now
+    assert world.verify(token)[0] == HTTPStatus.FORBIDDEN
+    world.jobs[("team-a", "cats")] = "job-cats"
+    assert world.verify(token) == (HTTPStatus.OK, "authorized")
 
 
 @pytest.mark.parametrize("registration, request_args, status, reason", CASES.values(), ids=CASES.keys())
@@ -159,7 +182,7 @@ def test_deleting_the_pod_drops_the_cached_verdict(world: World) -> None:
     del world.pods[("team-a", "cats-0")]
     assert world.verify(token)[0] == HTTPStatus.UNAUTHORIZED
     world.api.tokens.pop(token)  # what the API server does once the pod is gone
-    world.pods[("team-a", "cats-0")] = PodInfo("cats-0", "uid-0", "cats", 0)
+    world.pods[("team-a", "cats-0")] = PodInfo("cats-0", "uid-0", "cats", 0, owner_uid="job-cats")
     assert world.verify(token)[0] == HTTPStatus.UNAUTHORIZED
     assert world.api.calls == 2
 
@@ -187,8 +210,9 @@ def test_token_expiry_reads_exp_or_nothing() -> None:
     assert token_expiry("a.!!!.c") is None
 
 
-def test_pod_info_reads_label_uid_and_completion_index() -> None:
+def test_pod_info_reads_label_uid_completion_index_and_controller() -> None:
     body = {"metadata": {"name": "cats-1-x", "uid": "u", "labels": {"muralist.dev/job-name": "cats"},
-                         "annotations": {"batch.kubernetes.io/job-completion-index": "1"}}}
-    assert pod_info(body) == PodInfo("cats-1-x", "u", "cats", 1)
+                         "annotations": {"batch.kubernetes.io/job-completion-index": "1"},
+                         "ownerReferences": [{"kind": "Job", "name": "cats", "uid": "j", "controller": True}]}}
+    assert pod_info(body) == PodInfo("cats-1-x", "u", "cats", 1, owner_uid="j")
     assert pod_info({"metadata": {"name": "bare"}}) == PodInfo("bare", "", None, None)

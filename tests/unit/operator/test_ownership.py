@@ -1,0 +1,169 @@
+"""The reconciler against a fake API: children count only when the job owns them (by uid), a
+name taken by a stranger fails the job by that name, what is gone is created again, and the
+events of a pod that does not start are read when its status cannot say why."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from muralist_operator import handlers
+from muralist_operator.decision import iso
+from muralist_operator.kube import NameTaken
+from muralist_operator.observe import ChildView, PodView, Termination, WarningEvent
+from muralist_operator.progress.aggregate import Aggregator
+from muralist_operator.settings import OperatorSettings
+
+from tests.builders import make_job
+from tests.views import job_view, pod
+
+KEY = ("ns", "cats")
+DJ_UID, JOB_UID = "dj-uid", "job-uid"
+CHILDREN = ("muralist_services", "muralist_config_maps", "muralist_network_policies")
+
+
+class FakeKube:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.created: list[tuple[str, str]] = []
+        self.events: list[str] = []
+        self.deleted: list[str] = []
+        self.taken: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name) -> a stranger's object
+        self.warnings: dict[str, WarningEvent] = {}
+        self.warning_reads: list[str] = []
+
+    def get_diffusion_job(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.body)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        self.body["status"] = status
+        self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
+        return copy.deepcopy(self.body)
+
+    def create(self, obj: dict[str, Any], owner: dict[str, Any]) -> bool:
+        name = (obj["kind"], obj["metadata"]["name"])
+        if name in self.taken:
+            raise NameTaken(*name, self.taken[name])
+        self.created.append(name)
+        return True
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self.deleted.append(name)
+
+    def post_event(self, owner: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.append(reason)
+
+    def latest_warning(self, namespace: str, uid: str) -> WarningEvent | None:
+        self.warning_reads.append(uid)
+        return self.warnings.get(uid)
+
+
+def reconciler(pods: list[PodView], jobs: list[Any] | None = None, nodes: int = 2,
+               children: list[ChildView] | None = None) -> tuple[handlers.Reconciler, FakeKube]:
+    body = make_job("cats").world(nodes=nodes).obj()
+    body["metadata"].update(namespace="ns", uid=DJ_UID, generation=1, resourceVersion="1")
+    kube = FakeKube(body)
+    r = handlers.Reconciler(kube, OperatorSettings(), Aggregator())  # type: ignore[arg-type]
+    r.indexes = {"muralist_jobs": {KEY: jobs if jobs is not None else [ours()]}, "muralist_pods": {KEY: pods}}
+    if children is not None:
+        by_kind = {"Service": CHILDREN[0], "ConfigMap": CHILDREN[1], "NetworkPolicy": CHILDREN[2]}
+        r.indexes.update({name: {} for name in CHILDREN})
+        for child in children:
+            r.indexes[by_kind[child.kind]].setdefault(KEY, []).append(child)
+    return r, kube
+
+
+def ours(**fields: Any) -> Any:
+    return job_view(uid=JOB_UID, owner_uid=DJ_UID, **fields)
+
+
+def worker(index: int, phase: str = "Running", **fields: Any) -> PodView:
+    return pod(index, phase, owner_uid=JOB_UID, **fields)
+
+
+ALL_CHILDREN = [ChildView("ConfigMap", "cats-spec", DJ_UID), ChildView("Service", "cats", DJ_UID),
+                ChildView("NetworkPolicy", "cats", DJ_UID)]
+
+
+def test_only_the_pods_of_the_jobs_own_job_count() -> None:
+    doom = Termination(78, "Error", '{"permanent": true, "message": "spec.model: no such model"}')
+    strangers = [
+        # Labelled as the job's pods, owned by another Job, by nothing, or ours without a completion index.
+        pod(0, "Failed", term=doom, name="cats-0-forged", uid="f1", owner_uid="someone-elses-job"),
+        pod(0, "Failed", term=doom, name="cats-bare", uid="f2"),
+        worker(-1, "Failed", term=doom, name="cats-noindex", uid="f3"),
+    ]
+    r, kube = reconciler([worker(0), worker(1), *strangers])
+    r.reconcile(*KEY)
+    assert kube.body["status"]["phase"] == "Running" and kube.body["status"]["restarts"] == 0
+    assert {p.name for p in r.observe(KEY, None).pods} == set(), "without the job's uid, no Job is its"
+
+
+def test_a_job_the_diffusionjob_does_not_own_is_not_its_job() -> None:
+    r, kube = reconciler([worker(0), worker(1)], jobs=[job_view(uid=JOB_UID, owner_uid="another-dj",
+                                                                complete=True)])
+    r.reconcile(*KEY)
+    assert kube.body["status"]["phase"] == "Pending" and ("Job", "cats") in kube.created
+
+
+def test_a_name_taken_by_a_stranger_fails_the_job_naming_it() -> None:
+    r, kube = reconciler([], jobs=[])
+    kube.taken[("ConfigMap", "cats-spec")] = {"metadata": {"name": "cats-spec"}}
+    r.reconcile(*KEY)
+    status = kube.body["status"]
+    assert status["phase"] == "Failed"
+    assert [c["reason"] for c in status["conditions"] if c["type"] == "Failed"] == ["NameTaken"]
+    assert status["message"] == ("ConfigMap cats-spec already exists and is not this DiffusionJob's (nothing owns it): "
+                                 "delete it, or create the DiffusionJob under another name")
+    assert ("Job", "cats") not in kube.created and kube.deleted == []
+    assert "NameTaken" in kube.events and "JobCreated" not in kube.events
+
+
+def test_a_name_taken_while_running_stops_the_jobs_pods() -> None:
+    # Someone replaced the job's spec ConfigMap with their own: its pods would read the stranger's spec.
+    owner = {"metadata": {"name": "cats-spec", "ownerReferences": [
+        {"kind": "DiffusionJob", "name": "dogs", "uid": "x", "controller": True}]}}
+    r, kube = reconciler([worker(0), worker(1)], children=ALL_CHILDREN[1:])
+    kube.taken[("ConfigMap", "cats-spec")] = owner
+    r.reconcile(*KEY)
+    assert kube.body["status"]["phase"] == "Failed" and kube.deleted == ["cats"]
+    assert "(it belongs to DiffusionJob dogs)" in kube.body["status"]["message"]
+
+
+def test_a_deleted_child_is_created_again_once_the_indexes_had_time() -> None:
+    r, kube = reconciler([worker(0), worker(1)], children=ALL_CHILDREN[:2])
+    r.created[KEY] = 0.0  # created long ago
+    r.reconcile(*KEY)
+    assert kube.created == [("NetworkPolicy", "cats")] and kube.events.count("ChildRestored") == 1
+    # Right after a creation the index may not show it yet: not created twice.
+    kube.body["metadata"]["resourceVersion"] = "50"
+    assert r.seen(KEY, copy.deepcopy(kube.body))
+    r.reconcile(*KEY)
+    assert kube.created == [("NetworkPolicy", "cats")] and kube.events.count("ChildRestored") == 1
+    # A child of the same kind and name that another job owns is not the job's.
+    stranger = ChildView("NetworkPolicy", "cats", "another-dj")
+    r2, kube2 = reconciler([worker(0), worker(1)], children=[*ALL_CHILDREN[:2], stranger])
+    r2.reconcile(*KEY)
+    assert kube2.created == [("NetworkPolicy", "cats")]
+
+
+def test_a_slow_pods_events_are_read_once_its_status_cannot_say_why() -> None:
+    now = datetime.now(UTC)
+    mounting = worker(1, "Pending", scheduled=True, created=iso(now - timedelta(seconds=45)))
+    r, kube = reconciler([worker(0), mounting])
+    kube.warnings["uid-1-0"] = WarningEvent("FailedMount", 'configmap "prompt-list" not found', now)
+    r.reconcile(*KEY)
+    assert kube.warning_reads == ["uid-1-0"]
+    waiting = next(c for c in kube.body["status"]["conditions"] if c["type"] == "PodsNotStarting")
+    assert (waiting["reason"], waiting["message"]) == (
+        "FailedMount", 'index 1 (pod cats-1-0): FailedMount: configmap "prompt-list" not found')
+    kube.body["metadata"]["resourceVersion"] = "50"
+    assert r.seen(KEY, copy.deepcopy(kube.body))
+    r.reconcile(*KEY)
+    assert kube.warning_reads == ["uid-1-0"], "read again only after a while"
+    # A pod that says why itself costs no read.
+    pulling = worker(1, "Pending", waiting_reason="ErrImagePull", created=iso(now - timedelta(seconds=45)))
+    r2, kube2 = reconciler([worker(0), pulling])
+    r2.reconcile(*KEY)
+    assert kube2.warning_reads == []
