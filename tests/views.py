@@ -8,7 +8,7 @@ from typing import Any
 
 from muralist_operator.decision import iso
 from muralist_operator.observe import JobView, PodView, Termination
-from muralist_operator.progress.aggregate import IndexProgress, JobProgress
+from muralist_operator.progress.aggregate import IndexProgress, JobProgress, PostError
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
@@ -33,14 +33,19 @@ def failed(index: int = 0, failures: int = 0, code: int = 1, message: str = "boo
 
 
 def index_progress(index: int = 0, done: int = 0, total: int = 10, last: datetime | None = None,
-                   pod_name: str | None = None, finished: bool = False, failures: int = 0) -> IndexProgress:
+                   pod_name: str | None = None, finished: bool = False, failures: int = 0,
+                   posted: datetime | None = None) -> IndexProgress:
     return IndexProgress(index=index, pod=pod_name or f"cats-{index}-{failures}", attempt=failures, done=done,
-                         failed=0, total=total, progress_time=last, last_post=0.0, final=False, done_flag=finished)
+                         failed=0, total=total, progress_time=last, posted_at=posted, final=False, done_flag=finished)
 
 
 def progress(*indexes: IndexProgress, total: int = 10, ips: float | None = None,
-             eta: int | None = None) -> JobProgress:
+             eta: int | None = None, refused_since: datetime | None = None,
+             last_error: PostError | None = None) -> JobProgress:
+    """The job's last accepted post is its indexes' latest (`posted`)."""
     done = sum(i.done for i in indexes)
+    last_post = max((i.posted_at for i in indexes if i.posted_at is not None), default=None)
     return JobProgress(completed=done, failed=0, total=total, percent=round(100 * done / total, 1) if total else None,
                        images_per_second=ips, estimated_seconds_remaining=eta, ranks=len(indexes),
-                       indexes={i.index: i for i in indexes})
+                       indexes={i.index: i for i in indexes}, last_post=last_post, last_error=last_error,
+                       refused_since=refused_since)

@@ -55,8 +55,10 @@ class IndexStatus(ApiModel):
 
 
 class Condition(ApiModel):
-    type: str = Field(description="Created, Running, Restarting, Suspended, Complete, Failed, Ready, Stalled, or "
-                      "PodsNotStarting (there only while a pod waits to start, its reason what the pod waits for).")
+    type: str = Field(description="Created, Running, Restarting, Suspended, Complete, Failed, Ready, Stalled, "
+                      "PodsNotStarting (there only while a pod waits to start, its reason what the pod waits for), or "
+                      "ProgressUnreachable (True while no progress post of the job's running pods is accepted for the "
+                      "stall timeout: no pod is deleted then; its message has the last error the endpoint saw).")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field("", description="CamelCase reason.")
     message: str = Field("", description="Human readable detail.")

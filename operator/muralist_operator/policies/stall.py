@@ -14,6 +14,25 @@ already grants a stuck rank before its group fails). A model whose steps take mi
 a timeout of tens of minutes; a fast image model, the collective timeout (10 minutes by
 default). There is no switch to turn it off: a pod that makes no progress for a large
 explicit value is stuck by any measure.
+
+Silence is not a stall. The operator knows a pod's progress only from its posts, and posts
+stop for reasons of the cluster's as well (a NetworkPolicy or Service change, a CA the pods no
+longer trust, TokenReview failing): deleting every pod then would only burn maxRestarts. So:
+
+- When no post of the job has been accepted for the timeout while pods of it run with work
+  left, the endpoint is what is unreachable (`unreachable`): the job gets the condition
+  ProgressUnreachable (with the last error the endpoint saw for the job: a refused token, a
+  TokenReview that failed, a body refused) and a Warning Event, nothing is deleted, and no pod
+  of it is stalled. The silence counts from the last accepted post, provided a pod running now
+  has posted (pods new since, after a resume or a retry, may still be starting), else from the
+  first post refused since that one. A job none of whose posts ever reached this operator,
+  accepted or refused, gets no verdict: a pod that cannot reach the endpoint from its start
+  looks the same as one still starting, and a pod's stall clock starts at its first step
+  anyway. The condition clears (ProgressReceived) once a post is accepted again, or no pod
+  runs with work left.
+- A pod that keeps posting without stepping is stalled, as is a silent pod among pods that
+  post: the endpoint is evidently reachable from the job's pods, so this one is stuck (or its
+  own node's network is, which a retry elsewhere fixes as well as anything).
 """
 
 from __future__ import annotations
@@ -24,10 +43,14 @@ from datetime import datetime, timedelta
 
 from muralist_api.job import DiffusionJobSpec
 
+from muralist_operator.decision import Transition, find_condition, iso
 from muralist_operator.observe import PodView
-from muralist_operator.progress.aggregate import JobProgress
+from muralist_operator.progress.aggregate import JobProgress, PostError
 
 GAP_MULTIPLE = 10
+CONDITION_UNREACHABLE = "ProgressUnreachable"
+REASON_UNREACHABLE = "ProgressUnreachable"
+REASON_RECEIVED = "ProgressReceived"
 
 
 @dataclass(frozen=True)
@@ -36,6 +59,17 @@ class Stalled:
     quiet: int  # seconds without progress
     timeout: int
     default: bool  # the timeout is the default (runPolicy.stallTimeoutSeconds unset)
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """The job's posts have stopped arriving: no stall, a condition."""
+
+    since: datetime  # the last accepted post of the job, or the first refused one after it
+    timeout: int
+    default: bool
+    running: int  # pods running with work left
+    last_error: PostError | None  # the last post the endpoint refused for the job
 
 
 def default_timeout(floor: int, slowest_gap_seconds: float | None) -> int:
@@ -52,6 +86,37 @@ def timeout(spec: DiffusionJobSpec, progress: JobProgress | None) -> int:
     return default_timeout(spec.parallelism.collective_timeout_seconds, gap)
 
 
+def _working(progress: JobProgress, pods: list[PodView]) -> list[PodView]:
+    """The running pods that have not said their work is done."""
+    finished = {(i, seen.pod) for i, seen in progress.indexes.items() if seen.finished}
+    return [p for p in pods if p.phase == "Running" and not p.deleting and (p.index, p.name) not in finished]
+
+
+def _silent_since(progress: JobProgress, working: list[PodView]) -> datetime | None:
+    """Since when no post of the job has been accepted, as far as this operator can tell (see
+    the module's docstring); None: no verdict."""
+    if not working:
+        return None
+    posted = {(i, seen.pod) for i, seen in progress.indexes.items() if seen.posted_at is not None}
+    accepted = progress.last_post if any((p.index, p.name) in posted for p in working) else None
+    # A refusal comes after the last accepted post (an accepted one clears it): the earlier counts.
+    return min((t for t in (accepted, progress.refused_since) if t is not None), default=None)
+
+
+def unreachable(spec: DiffusionJobSpec, progress: JobProgress | None, pods: list[PodView],
+                now: datetime) -> Unreachable | None:
+    """Whether the job's posts have stopped arriving for the stall timeout while its pods run."""
+    if progress is None:
+        return None
+    working = _working(progress, pods)
+    since = _silent_since(progress, working)
+    limit = timeout(spec, progress)
+    if since is None or (now - since).total_seconds() <= limit:
+        return None
+    return Unreachable(since, limit, spec.run_policy.stall_timeout_seconds is None, len(working),
+                       progress.last_error)
+
+
 def _timed(progress: JobProgress, pods: list[PodView]) -> list[tuple[PodView, datetime]]:
     """The running pods that stepped and have work left, with their last progress."""
     running = {(p.index, p.name): p for p in pods if p.phase == "Running" and not p.deleting}
@@ -65,8 +130,8 @@ def _timed(progress: JobProgress, pods: list[PodView]) -> list[tuple[PodView, da
 
 
 def stalled(spec: DiffusionJobSpec, progress: JobProgress | None, pods: list[PodView], now: datetime) -> list[Stalled]:
-    """The running pods over the timeout, quietest first."""
-    if progress is None:
+    """The running pods over the timeout, quietest first; none while the job's posts do not arrive."""
+    if progress is None or unreachable(spec, progress, pods, now) is not None:
         return []
     limit = timeout(spec, progress)
     default = spec.run_policy.stall_timeout_seconds is None
@@ -80,13 +145,19 @@ def stalled(spec: DiffusionJobSpec, progress: JobProgress | None, pods: list[Pod
 
 def next_check(spec: DiffusionJobSpec, progress: JobProgress | None, pods: list[PodView],
                now: datetime) -> datetime | None:
-    """When a pod could next be over the timeout (the reconciler's wake-up); None while no
-    running pod with work left has stepped. Progress meanwhile only moves it later: a check
-    that comes early finds nothing and asks again."""
-    timed = _timed(progress, pods) if progress is not None else []
-    if progress is None or not timed:
+    """When a pod could next be over the timeout, or the job's posts silent for it (the
+    reconciler's wake-up); None while neither can happen, and while the posts are silent already
+    (the next accepted post wakes the job). Progress meanwhile only moves it later: a check that
+    comes early finds nothing and asks again."""
+    if progress is None or unreachable(spec, progress, pods, now) is not None:
         return None
-    return max(now, min(last for _, last in timed) + timedelta(seconds=timeout(spec, progress) + 1))
+    times = [last for _, last in _timed(progress, pods)]
+    since = _silent_since(progress, _working(progress, pods))
+    if since is not None:
+        times.append(since)
+    if not times:
+        return None
+    return max(now, min(times) + timedelta(seconds=timeout(spec, progress) + 1))
 
 
 def message(found: Stalled) -> str:
@@ -94,3 +165,37 @@ def message(found: Stalled) -> str:
         return f"no progress for {found.quiet}s (runPolicy.stallTimeoutSeconds)"
     return (f"no progress for {found.quiet}s (runPolicy.stallTimeoutSeconds unset: the default, {found.timeout}s, "
             f"is {GAP_MULTIPLE}x the job's slowest gap between steps, at least parallelism.collectiveTimeoutSeconds)")
+
+
+def unreachable_message(found: Unreachable) -> str:
+    """What the condition and the Event say: stable while nothing changes (no running count of
+    seconds), so that a check does not rewrite status."""
+    timeout_ = (f"runPolicy.stallTimeoutSeconds={found.timeout}s" if not found.default
+                else f"the stall timeout, {found.timeout}s")
+    error = (f"the last post the progress endpoint refused for this job: {found.last_error.describe()}"
+             if found.last_error is not None else
+             "no post of the job reached the progress endpoint since (check NetworkPolicies between the pods and "
+             "the operator, the progress Service and its endpoints, and the CA the pods trust)")
+    return (f"no progress post of this job's {found.running} running pod(s) has been accepted since "
+            f"{iso(found.since)}, longer than {timeout_}; its pods are not deleted while their posts do not "
+            f"arrive; {error}")
+
+
+def reachability(t: Transition, found: Unreachable | None) -> str:
+    """The ProgressUnreachable condition from `unreachable`'s verdict, with a Warning Event when it
+    turns True and a Normal one when it clears; returns the note for the phase's message ("" while
+    posts arrive)."""
+    existing = find_condition(t.status.conditions, CONDITION_UNREACHABLE)
+    was = existing is not None and existing.status == "True"
+    if found is not None:
+        text = unreachable_message(found)
+        t.condition(CONDITION_UNREACHABLE, True, REASON_UNREACHABLE, text)
+        if not was:
+            t.event("Warning", REASON_UNREACHABLE, text)
+        error = f"; last refused: {found.last_error.describe()}" if found.last_error is not None else ""
+        return f"; progress unreachable: no post accepted since {iso(found.since)}{error}"
+    if was:
+        message = "progress posts of the job's pods are accepted again, or none of its pods runs with work left"
+        t.condition(CONDITION_UNREACHABLE, False, REASON_RECEIVED, message)
+        t.event("Normal", REASON_RECEIVED, message)
+    return ""

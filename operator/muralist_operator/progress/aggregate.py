@@ -12,6 +12,12 @@ images on disk, but only says so as it reaches them.
 It also keeps the job's slowest gap: the longest a pod went from one sign of progress to the
 next (a step, an image) while it worked, as its posts showed it. The default stall timeout is a
 multiple of it (policies/stall.py): a model whose steps take minutes is not a stalled one.
+
+And whether the pods' posts reach the endpoint at all: when each pod's last post was accepted
+(`posted_at`, on the wall clock: a termination message is no post), the job's last accepted
+post, and the last post the endpoint refused for the job (`refused`: a TokenReview that failed,
+a token or body refused) and since when the refusals have gone on. Stall detection tells a pod
+that stopped stepping from a job whose posts stopped arriving by these (policies/stall.py).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from muralist_api.contract.progress import DEFAULT_POST_INTERVAL_SECONDS, ProgressReport
@@ -42,6 +48,12 @@ MAX_POST_INTERVAL_SECONDS = 30
 POST_INTERVAL_STEP_SECONDS = 0.5
 # Rate samples closer together than this are merged: a window holds ~60 samples, not one per post.
 _SAMPLE_RESOLUTION = 1.0
+# A refusal's reason is kept this long at most (it names a field of the body, a token's error).
+MAX_ERROR_CHARS = 300
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -55,7 +67,7 @@ class IndexProgress:
     failed: int
     total: int
     progress_time: datetime | None
-    last_post: float  # on the aggregator's clock: liveness, not progress
+    posted_at: datetime | None  # when its last post was accepted (None: known from its termination message only)
     final: bool
     done_flag: bool = False  # the pod said its ranks have no more work
 
@@ -65,6 +77,18 @@ class IndexProgress:
         cannot say so: with work claimed at run time no pod knows its share in advance, and
         `total` is the job's.)"""
         return self.final or self.done_flag
+
+
+@dataclass(frozen=True)
+class PostError:
+    """A post the endpoint refused for a job (or could not check), as the pod was answered."""
+
+    at: datetime
+    status: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.status} {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -80,6 +104,11 @@ class JobProgress:
     # The longest gap between two signs of progress of one pod, in seconds, seen since this
     # operator started (at the resolution of the pods' posts); None before any.
     slowest_gap_seconds: float | None = None
+    # When a post of the job's pods was last accepted (any pod); None: none since this operator started.
+    last_post: datetime | None = None
+    # The last post refused for the job, and when the refusals began (None once a post is accepted).
+    last_error: PostError | None = None
+    refused_since: datetime | None = None
 
     @property
     def oldest_progress_time(self) -> datetime | None:
@@ -104,6 +133,7 @@ class JobProgress:
 class _Slot:
     report: ProgressReport
     received: float
+    posted_at: datetime | None = None
     floor: int = 0
     retired: set[str] = field(default_factory=set)
     # Kept until the next post of this index: a snapshot a second of 1,024 indexes then
@@ -118,7 +148,7 @@ class _Slot:
         if self._view is None:
             r = self.report
             self._view = IndexProgress(r.index, r.pod, r.attempt, self.done, r.failed, r.total, r.progress_time,
-                                       self.received, r.final, r.finished)
+                                       self.posted_at, r.final, r.finished)
         return self._view
 
 
@@ -136,6 +166,9 @@ class _Job:
     changes: int = 0
     last_write: float | None = None
     slowest_gap: float | None = None
+    last_post: datetime | None = None
+    last_error: PostError | None = None
+    refused_since: datetime | None = None
 
     def counts(self) -> tuple[int, int, int]:
         done = sum(s.done for s in self.slots.values())
@@ -191,8 +224,10 @@ class Aggregator:
         write_interval: float = WRITE_INTERVAL_SECONDS,
         rate_window: float = RATE_WINDOW_SECONDS,
         post_budget_per_second: float = POST_BUDGET_PER_SECOND,
+        wall_clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self._clock = clock
+        self._wall = wall_clock
         self.write_interval = write_interval
         self.rate_window = rate_window
         self.post_budget_per_second = post_budget_per_second
@@ -202,18 +237,22 @@ class Aggregator:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def record(self, job: JobKey, report: ProgressReport, now: float | None = None) -> bool:
-        """Apply one pod's report; False when it was stale (an older attempt, a retired pod)."""
+    def record(self, job: JobKey, report: ProgressReport, now: float | None = None, posted: bool = True) -> bool:
+        """Apply one pod's report; False when it was stale (an older attempt, a retired pod).
+        `posted`: it came as a post the endpoint accepted (not from a termination message)."""
         now = self._clock() if now is None else now
+        posted_at = self._wall() if posted else None
         with self._lock:
             state = self._jobs.get(job)
             if state is None:
                 state = self._jobs[job] = _Job(first_seen=now)
+            if posted_at is not None:  # stale or not, it reached us: the endpoint is reachable
+                state.last_post, state.refused_since = posted_at, None
             slot = state.slots.get(report.index)
             if slot is None:
                 # The first word from this index. It may come after an operator restart with
                 # hundreds of images in it: none of them counts toward the rate.
-                state.slots[report.index] = _Slot(report, now)
+                state.slots[report.index] = _Slot(report, now, posted_at)
                 state.dirty = True
                 state.changes += 1
                 return True
@@ -231,6 +270,7 @@ class Aggregator:
                 rendered = slot.report.completed - old.completed
                 _note_gap(state, old, slot.report)
             slot.received = now
+            slot.posted_at = posted_at or slot.posted_at
             slot._view = None
             if rendered > 0:
                 self._add_rendered(state, rendered, now)
@@ -238,6 +278,18 @@ class Aggregator:
                 state.dirty = True
                 state.changes += 1
             return True
+
+    def refused(self, job: JobKey, status: int, reason: str) -> None:
+        """The endpoint refused a post for this job, or could not check it: the job's last error.
+        Only for a job the reconciler has seen (`set_total`): a caller can name any job."""
+        at = self._wall()
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None:
+                return
+            state.last_error = PostError(at, status, reason[:MAX_ERROR_CHARS])
+            if state.refused_since is None:
+                state.refused_since = at
 
     def set_total(self, job: JobKey, total: int | None) -> None:
         """The job's item count when the operator knows it (otherwise the pods' totals are summed)."""
@@ -335,6 +387,9 @@ class Aggregator:
                 ranks=sum(s.report.ranks for s in state.slots.values()),
                 indexes={i: s.view() for i, s in state.slots.items()},
                 slowest_gap_seconds=state.slowest_gap,
+                last_post=state.last_post,
+                last_error=state.last_error,
+                refused_since=state.refused_since,
             )
 
     def take(self, job: JobKey, now: float | None = None) -> JobProgress | None:

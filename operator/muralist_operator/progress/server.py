@@ -23,7 +23,9 @@ a small thread pool, and the loop goes on meanwhile.
     GET /healthz  200 while the loop runs
 
 The response says the interval every time (204 = the default), so a pod follows the latest
-answer and no state about what a pod was told is kept here.
+answer and no state about what a pod was told is kept here. A refused post is handed to
+`on_refusal` too (all but 404 and a standby's 503): the last error the endpoint saw for a job
+is what status says when its posts stop (policies/stall.py, ProgressUnreachable).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ MAX_BODY_BYTES = 16 * 1024
 REFUSAL_LOG_WINDOW_SECONDS = 60.0
 
 OnReport = Callable[[str, str, ProgressReport], None]
+OnRefusal = Callable[[str, str, int, str], None]  # (namespace, job, status, reason)
 
 
 class Verifier(Protocol):
@@ -137,6 +140,7 @@ class ProgressServer:
         refusals: RefusalLog | None = None,
         lookups_block: bool = True,
         coalesce: float = COALESCE_SECONDS,
+        on_refusal: OnRefusal | None = None,
     ) -> None:
         """`tls=None` serves plain HTTP (behind a mesh that terminates TLS; tests). `on_report`
         runs on the server's loop thread: keep it quick and thread-safe (the aggregator's
@@ -150,9 +154,11 @@ class ProgressServer:
         CPU at 350 posts/s, benchmarks/progress_load.py). `coalesce`: how long the loop lingers
         after a wake-up to serve more posts with it (see coalesce; 0: not at all). `limits`: what
         all clients together may hold (connections, handshake, request and idle timeouts: see
-        connections.Limits); an accepted post is what lets a connection stay for the idle timeout."""
+        connections.Limits); an accepted post is what lets a connection stay for the idle timeout.
+        `on_refusal`: told of each refused post (on the loop thread, like `on_report`)."""
         self._verifier = verifier
         self._on_report = on_report
+        self._on_refusal = on_refusal
         self._ssl = server_context(tls) if tls is not None else None
         self.host, self.port = host, port
         self._is_active = is_active
@@ -257,7 +263,7 @@ class ProgressServer:
     def _progress(self, request: http1.Request, namespace: str, job: str) -> http1.Reply | Awaitable[http1.Reply]:
         peer = request.peer
         if not self._is_active():
-            return self._refused(503, namespace, job, "not the active replica", peer)
+            return self._refused(503, namespace, job, "not the active replica", peer, note=False)
         if request.too_large:
             return self._refused(413, namespace, job, "body too large", peer,
                                  message=f"the body must be at most {self._max_body} bytes")
@@ -281,6 +287,7 @@ class ProgressServer:
     def _cannot_verify(self, e: Exception, namespace: str, job: str, peer: str) -> http1.Reply:
         # A pod lookup or the API server failing: the pod retries later.
         self._refusals.refused(503, namespace, job, f"cannot verify now: {e!r}", peer, exc_info=True)
+        self._note(503, namespace, job, f"cannot verify now: {type(e).__name__}")
         return self._counted(_error(503, f"cannot verify now: {type(e).__name__}", _RETRY))
 
     def _answer(self, outcome: tuple[int, str, ProgressReport | None, float], namespace: str, job: str,
@@ -293,6 +300,7 @@ class ProgressServer:
         except Exception as e:
             self._refusals.refused(500, namespace, job, f"handling the report of pod {report.pod} failed: {e!r}", peer,
                                    exc_info=True)
+            self._note(500, namespace, job, "the operator could not take the report")
             return self._counted(_error(500, "the operator could not take the report"))
         if interval == DEFAULT_POST_INTERVAL_SECONDS:
             return self._counted(_NO_CONTENT)
@@ -300,9 +308,20 @@ class ProgressServer:
                                          authenticated=True))
 
     def _refused(self, status: int, namespace: str, job: str, reason: str, peer: str,
-                 message: str | None = None) -> http1.Reply:
+                 message: str | None = None, note: bool = True) -> http1.Reply:
         self._refusals.refused(status, namespace, job, reason, peer)
+        if note:
+            self._note(status, namespace, job, message or reason)
         return self._counted(_error(status, message or reason, _RETRY if status == 503 else ()))
+
+    def _note(self, status: int, namespace: str, job: str, reason: str) -> None:
+        """Tell `on_refusal`; an unknown job's 404 is nobody's error."""
+        if self._on_refusal is None or status == 404:
+            return
+        try:
+            self._on_refusal(namespace, job, status, reason)
+        except Exception:
+            log.exception("noting a refused post for %s/%s failed", namespace, job)
 
     def _counted(self, reply: http1.Reply) -> http1.Reply:
         self.responses[reply.status] += 1

@@ -20,6 +20,7 @@ from muralist_operator.decision import (
     iso,
 )
 from muralist_operator.observe import JobView, PodView, WarningEvent
+from muralist_operator.progress.aggregate import PostError
 from muralist_operator.policies import deadline, failure, stall, start, suspension, ttl, world
 
 from tests.builders import make_job
@@ -171,9 +172,12 @@ def test_status_indexes_stay_bounded() -> None:
     assert len(t.status.indexes) == MAX_INDEX_ENTRIES and t.status.restarts == MAX_INDEX_ENTRIES + 10
 
 
-def prog(index: int = 0, quiet: float | None = None, finished: bool = False, pod_name: str | None = None):
+def prog(index: int = 0, quiet: float | None = None, finished: bool = False, pod_name: str | None = None,
+         posted: float | None = None):
+    """`quiet`: seconds since the pod's last step; `posted`: since its last accepted post."""
     return index_progress(index, done=1, last=None if quiet is None else NOW - timedelta(seconds=quiet),
-                          finished=finished, pod_name=pod_name)
+                          finished=finished, pod_name=pod_name,
+                          posted=None if posted is None else NOW - timedelta(seconds=posted))
 
 
 @pytest.mark.parametrize(
@@ -235,6 +239,121 @@ def test_the_next_stall_check_is_when_the_quietest_pod_could_be_over() -> None:
     assert stall.next_check(spec, pushed, pods, NOW) == NOW + timedelta(seconds=11)
     assert stall.next_check(spec, progress(prog(0, quiet=None)), [pod(0)], NOW) is None, "nobody has stepped yet"
     assert stall.next_check(spec, progress(prog(0, quiet=90)), [pod(0)], NOW) == NOW, "overdue: now"
+
+
+REFUSED = PostError(NOW - timedelta(seconds=3), 401, "token refused: invalid bearer token")
+
+
+@pytest.mark.parametrize(
+    ("indexes", "pods", "refused", "silent_since", "stalled"),
+    [
+        # Every pod's posts stopped: the endpoint, not the pods; nothing is stalled.
+        ([prog(0, quiet=100, posted=100), prog(1, quiet=95, posted=90)], [pod(0), pod(1)], None, 90, []),
+        # A pod that keeps posting without stepping is the stall case.
+        ([prog(0, quiet=100, posted=2), prog(1, quiet=5, posted=2)], [pod(0), pod(1)], None, None, ["cats-0-0"]),
+        # One pod silent while another posts: the endpoint is reachable, so that pod is stalled.
+        ([prog(0, quiet=100, posted=100), prog(1, quiet=5, posted=3)], [pod(0), pod(1)], None, None, ["cats-0-0"]),
+        # Posts arrive but are refused: silent since the last accepted one.
+        ([prog(0, quiet=100, posted=100)], [pod(0)], 97, 100, []),
+        # ...and with none accepted from the pods running now (new since a resume), since the first refusal.
+        ([prog(0, quiet=500, posted=500)], [pod(0, failures=1)], 40, 40, []),
+        ([prog(0, quiet=500, posted=500)], [pod(0, failures=1)], 20, None, []),
+        # Pods new since the last post and not posting yet (loading, after a resume): no verdict.
+        ([prog(0, quiet=500, posted=500)], [pod(0, failures=1)], None, None, []),
+        # Nothing posted since this operator started: no verdict (and no step to time).
+        ([], [pod(0)], None, None, []),
+        ([prog(0, quiet=None, posted=None)], [pod(0)], None, None, []),
+        # Pods that said their work is done are quiet by right; no pod running: nothing waits for posts.
+        ([prog(0, quiet=100, posted=100, finished=True)], [pod(0)], None, None, []),
+        ([prog(0, quiet=100, posted=100)], [pod(0, "Pending")], None, None, []),
+        ([prog(0, quiet=100, posted=100)], [pod(0, deleting=True)], None, None, []),
+        # Within the timeout.
+        ([prog(0, quiet=25, posted=25)], [pod(0)], None, None, []),
+    ],
+    ids=["all-silent", "posts-without-stepping", "one-silent-among-posting", "refused", "refused-new-pods",
+         "refused-not-long", "new-pods-not-posting", "never-heard", "loading", "done", "not-running", "deleting",
+         "recent"],
+)
+def test_silence_is_not_a_stall(indexes: list, pods: list, refused: float | None, silent_since: float | None,
+                                stalled: list[str]) -> None:
+    spec = make_job().run_policy(stallTimeoutSeconds=30).job().spec
+    pushed = progress(*indexes, refused_since=None if refused is None else NOW - timedelta(seconds=refused),
+                      last_error=REFUSED if refused is not None else None)
+    found = stall.unreachable(spec, pushed, pods, NOW)
+    assert (found.since if found else None) == (None if silent_since is None else NOW - timedelta(seconds=silent_since))
+    assert [s.pod.name for s in stall.stalled(spec, pushed, pods, NOW)] == stalled
+    if found is not None:
+        assert (found.timeout, found.default, found.running) == (30, False, len(pods))
+        assert found.last_error == (REFUSED if refused is not None else None)
+        assert stall.next_check(spec, pushed, pods, NOW) is None, "the next accepted post wakes the job"
+
+
+def test_the_next_check_is_also_when_the_posts_could_fall_silent() -> None:
+    spec = make_job().run_policy(stallTimeoutSeconds=30).job().spec
+    posting = progress(prog(0, quiet=None, posted=10))  # loading, posting: no step to time
+    assert stall.next_check(spec, posting, [pod(0)], NOW) == NOW + timedelta(seconds=21)
+    stepping = progress(prog(0, quiet=25, posted=10))
+    assert stall.next_check(spec, stepping, [pod(0)], NOW) == NOW + timedelta(seconds=6)
+
+
+def test_progress_unreachable_is_a_condition_an_event_and_a_note_never_a_deletion() -> None:
+    spec = make_job().run_policy(stallTimeoutSeconds=30).job().spec
+    silent = progress(prog(0, quiet=100, posted=100), prog(1, quiet=95, posted=90), refused_since=NOW - timedelta(
+        seconds=88), last_error=REFUSED)
+    found = stall.unreachable(spec, silent, [pod(0), pod(1)], NOW)
+    assert found is not None
+    t = Transition(DiffusionJobStatus(phase=Phase.RUNNING), 1, NOW)
+    note = stall.reachability(t, found)
+    since = iso(NOW - timedelta(seconds=90))
+    assert note == f"; progress unreachable: no post accepted since {since}; last refused: 401 token refused: invalid " \
+        "bearer token"
+    [condition] = t.status.conditions
+    assert (condition.type, condition.status, condition.reason) == ("ProgressUnreachable", "True", "ProgressUnreachable")
+    assert condition.message == (
+        f"no progress post of this job's 2 running pod(s) has been accepted since {since}, longer than "
+        "runPolicy.stallTimeoutSeconds=30s; its pods are not deleted while their posts do not arrive; the last post "
+        "the progress endpoint refused for this job: 401 token refused: invalid bearer token")
+    assert [(e.type, e.reason, e.message) for e in t.decision.events] == [
+        ("Warning", "ProgressUnreachable", condition.message)]
+    assert t.decision.actions == []
+    # Decided again later: the same condition, no second event (and no status write: nothing changed).
+    later = Transition(t.status, 1, NOW + timedelta(seconds=60))
+    stall.reachability(later, stall.unreachable(spec, silent, [pod(0), pod(1)], NOW + timedelta(seconds=60)))
+    assert later.status.conditions == t.status.conditions and later.decision.events == []
+    # Posts accepted again: cleared, with a Normal event.
+    back = Transition(later.status, 1, NOW + timedelta(seconds=61))
+    assert stall.reachability(back, None) == ""
+    [cleared] = back.status.conditions
+    assert (cleared.status, cleared.reason) == ("False", "ProgressReceived")
+    assert [(e.type, e.reason) for e in back.decision.events] == [("Normal", "ProgressReceived")]
+    # Without a verdict ever: nothing at all.
+    never = Transition(DiffusionJobStatus(), 1, NOW)
+    assert stall.reachability(never, None) == "" and never.status.conditions == [] and never.decision.events == []
+    nothing_heard = stall.unreachable(spec, progress(prog(0, quiet=100)), [pod(0)], NOW)
+    assert nothing_heard is None
+    silent_unrefused = dataclasses.replace(found, last_error=None)
+    assert "no post of the job reached the progress endpoint since (check NetworkPolicies" in \
+        stall.unreachable_message(silent_unrefused)
+
+
+@pytest.mark.parametrize(
+    ("policy", "started", "finished", "deadline_due", "ttl_due"),
+    [
+        ({}, 30, None, None, None),
+        ({"activeDeadlineSeconds": 100}, None, None, None, None),  # not started: nothing to count yet
+        ({"activeDeadlineSeconds": 100}, 30, None, 70, None),
+        ({"ttlSecondsAfterFinished": 60}, 30, None, None, None),  # not finished
+        ({"ttlSecondsAfterFinished": 60}, 30, 10, None, 50),
+        ({"ttlSecondsAfterFinished": 0}, 30, 10, None, -10),  # overdue: now
+    ],
+)
+def test_when_the_deadline_and_the_ttl_are_due(policy: dict[str, int], started: int | None, finished: int | None,
+                                               deadline_due: int | None, ttl_due: int | None) -> None:
+    run_policy = make_job().run_policy(**policy).job().spec.run_policy
+    st = DiffusionJobStatus(start_time=ago(started) if started is not None else None,
+                            completion_time=ago(finished) if finished is not None else None)
+    in_ = (lambda s: None if s is None else NOW + timedelta(seconds=s))
+    assert (deadline.due(st, run_policy), ttl.due(st, run_policy)) == (in_(deadline_due), in_(ttl_due))
 
 
 def spanning(nodes: int = 4, ppn: int = 2, degree: int = 4) -> Parallelism:

@@ -241,7 +241,7 @@ def test_the_slowest_gap_is_the_longest_a_working_pod_went_between_signs_of_prog
 def test_an_index_view_follows_every_post_and_stale_posts_leave_it() -> None:
     # Views are kept between snapshots; each accepted post must show in the next one.
     clock = Clock()
-    agg = Aggregator(clock=clock)
+    agg = Aggregator(clock=clock, wall_clock=lambda: T0 + timedelta(seconds=clock.now - 1000))
     agg.record(JOB, report(index=0, completed=1, step=5))
     agg.record(JOB, report(index=1, completed=1, step=5))
     first = agg.snapshot(JOB)
@@ -250,8 +250,8 @@ def test_an_index_view_follows_every_post_and_stale_posts_leave_it() -> None:
     agg.record(JOB, report(index=1, attempt=1, pod="cats-1-1b", completed=0, step=9))  # a retried pod
     second = agg.snapshot(JOB)
     assert first is not None and second is not None
-    assert (first.indexes[0].done, first.indexes[0].last_post) == (1, 1000.0)
-    assert (second.indexes[0].done, second.indexes[0].last_post) == (3, 1004.0)
+    assert (first.indexes[0].done, first.indexes[0].posted_at) == (1, T0)
+    assert (second.indexes[0].done, second.indexes[0].posted_at) == (3, T0 + timedelta(seconds=4))
     assert second.indexes[0].progress_time == T0 + timedelta(seconds=9)
     assert (second.indexes[1].pod, second.indexes[1].attempt, second.indexes[1].done) == ("cats-1-1b", 1, 1)
     clock.now += 4
@@ -371,3 +371,31 @@ def test_a_report_that_lands_while_an_older_snapshot_is_written_stays_due() -> N
     agg.record(JOB, report(completed=7))
     agg.written(JOB, agg.changes(JOB))
     assert agg.next_due(JOB) is None
+
+
+def test_when_posts_last_arrived_and_what_the_endpoint_refused() -> None:
+    # What stall detection tells silence of the endpoint from a stalled pod by.
+    clock = Clock()
+    agg = Aggregator(clock=clock, wall_clock=lambda: T0 + timedelta(seconds=clock.now - 1000))
+    agg.refused(JOB, 401, "token refused")  # a job never seen (anyone can name any job): nothing kept
+    assert agg.snapshot(JOB) is None
+    agg.set_total(JOB, 10)
+    seen = agg.snapshot(JOB)
+    assert seen is not None and (seen.last_post, seen.last_error, seen.refused_since) == (None, None, None)
+    clock.now += 5
+    agg.refused(JOB, 503, "TokenReview failed: the API server did not answer (MaxRetryError)")
+    clock.now += 5
+    agg.refused(JOB, 401, "token refused: invalid bearer token" + "x" * 1000)
+    refused = agg.snapshot(JOB)
+    assert refused is not None and refused.last_error is not None
+    assert (refused.last_error.at, refused.last_error.status) == (T0 + timedelta(seconds=10), 401)
+    assert len(refused.last_error.reason) == 300 and refused.refused_since == T0 + timedelta(seconds=5)
+    clock.now += 5
+    agg.record(JOB, report(index=0, completed=1, step=5))
+    # A finished pod's termination message is no post: it says nothing of the endpoint.
+    agg.record(JOB, report(index=1, completed=2, final=True), posted=False)
+    clock.now += 5
+    posted = agg.snapshot(JOB)
+    assert posted is not None and (posted.last_post, posted.refused_since) == (T0 + timedelta(seconds=15), None)
+    assert posted.last_error == refused.last_error  # kept: the last one the endpoint saw
+    assert (posted.indexes[0].posted_at, posted.indexes[1].posted_at) == (T0 + timedelta(seconds=15), None)

@@ -75,13 +75,14 @@ class Harness:
         self.active = True
         self.interval = 3
         self.reports: list[tuple[str, str, ProgressReport]] = []
+        self.refusals: list[tuple[str, str, int, str]] = []
         self.fail_report = False
         self.conn: SniConnection  # set once the server listens
         self.server = ProgressServer(
             StubVerifier(), self.on_report, TLS, host="127.0.0.1", port=0, is_active=lambda: self.active,
             job_exists=lambda ns, job: job in ("cats", "dogs"), interval=lambda ns, job: self.interval,
             max_body=2048, lookups_block=lookups_block, coalesce=0.005,  # the default 50 ms, shorter
-            limits=limits,
+            limits=limits, on_refusal=lambda *refused: self.refusals.append(refused),
         )
 
     def on_report(self, namespace: str, job: str, report: ProgressReport) -> None:
@@ -161,6 +162,11 @@ def test_refusals(harness: Harness, request_args: dict[str, Any], status: int, e
     assert error in payload["error"]
     assert harness.reports == []
     assert harness.server.responses[status] == 1
+    # The job's last error, for status when its posts stop (but a job that does not exist has none).
+    namespace_and_job = tuple(request_args.get("path", PATH).split("/")[3:6:2])
+    noted = [(namespace_and_job, status)] if status != 404 else []
+    assert [((ns, job), st) for ns, job, st, _ in harness.refusals] == noted
+    assert all(error in reason or status == 503 for *_, reason in harness.refusals)
 
 
 def test_callback_failure_is_a_500(harness: Harness) -> None:
@@ -174,6 +180,7 @@ def test_standby_replica_refuses_and_is_not_ready(harness: Harness) -> None:
     harness.active = False
     status, payload, resp = harness.post()
     assert (status, payload["error"], resp.getheader("Retry-After")) == (503, "not the active replica", "5")
+    assert harness.refusals == []  # the job's pods are not refused: they reach the other replica
     assert harness.get("/readyz") == 503
     assert harness.get("/healthz") == 200
     harness.active = True
