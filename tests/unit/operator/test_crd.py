@@ -72,7 +72,8 @@ def test_printer_columns_and_names() -> None:
     assert crd["spec"]["names"]["shortNames"] == ["dj"]
     assert names[6:8] == ["Pods", "Desired"], "a resize's current and asked-for size"
     waiting = version["additionalPrinterColumns"][3]
-    assert waiting["jsonPath"] == '.status.conditions[?(@.type=="PodsNotStarting")].reason' and "priority" not in waiting
+    assert waiting["jsonPath"] == '.status.conditions[?(@.type=="PodsNotStarting")].reason'
+    assert "priority" not in waiting, "shown by a plain kubectl get dj"
     assert version["subresources"] == {"status": {}, "scale": {
         "specReplicasPath": ".spec.parallelism.nodes", "statusReplicasPath": ".status.nodes",
         "labelSelectorPath": ".status.selector"}}
