@@ -31,23 +31,17 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-# The source is bind-mounted read-write (the build's writes are discarded): only the installed
-# package stays in the image.
-RUN --mount=type=bind,target=/src,rw pip install /src/api "/src[operator]"
+# The third-party packages from the lock, each checked against its hashes (bash hack/lock.sh refreshes it);
+# its own layer, rebuilt only when the lock changes.
+COPY locks/operator.txt /opt/venv/lock.txt
+RUN pip install --require-hashes -r /opt/venv/lock.txt
+# Then ours, without dependencies (the lock has them): the source is bind-mounted read-write (the build's
+# writes are discarded), so only the installed packages stay in the image.
+RUN --mount=type=bind,target=/src,rw pip install --no-deps /src/api /src
 USER 1000:1000
 WORKDIR /home/muralist
 ENTRYPOINT ["muralist"]
 CMD ["operator"]
-
-# ---------------------------------------------------------------------------------------------
-# The runtime extra's requirements alone, so that only a change to them rebuilds the torch layer.
-FROM ${PYTHON_BASE} AS runtime-requirements
-RUN --mount=type=bind,source=hack/image-base.sh,target=/tmp/image-base.sh \
-    --mount=type=secret,id=extra_ca \
-    sh /tmp/image-base.sh
-RUN --mount=type=bind,source=pyproject.toml,target=/tmp/pyproject.toml \
-    python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]["optional-dependencies"]["runtime"]))' \
-        > /requirements.txt
 
 # ---------------------------------------------------------------------------------------------
 FROM ${RUNTIME_BASE} AS runtime
@@ -64,11 +58,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HF_HOME=/var/cache/huggingface \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
-# The dependencies first, in their own layer: the multi-GB torch layer survives source changes,
-# and edits of pyproject.toml outside the runtime extra (its requirements are the layer's key).
-COPY --from=runtime-requirements /requirements.txt /tmp/requirements.txt
-RUN pip install -r /tmp/requirements.txt
-RUN --mount=type=bind,target=/src,rw pip install /src/api "/src[runtime]"
+# The dependencies first, from the lock (each checked against its hashes), in their own layer: the
+# multi-GB torch layer survives every change but one of the lock.
+COPY locks/runtime.txt /opt/venv/lock.txt
+RUN pip install --require-hashes -r /opt/venv/lock.txt
+RUN --mount=type=bind,target=/src,rw pip install --no-deps /src/api /src
 # The model cache: writable by the pods' user (a volume is mounted here when spec.model.cache is set).
 RUN mkdir -p "$HF_HOME" && chown 1000:1000 "$HF_HOME"
 USER 1000:1000

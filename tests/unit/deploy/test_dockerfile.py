@@ -80,16 +80,30 @@ def test_entrypoint_is_the_muralist_cli(target: str) -> None:
     assert json.loads(STAGES[target].last("ENTRYPOINT") or "null") == ["muralist"]
 
 
+@pytest.mark.parametrize("target", ["operator", "runtime"])
+def test_each_image_installs_its_lock_with_hashes_then_ours_without_dependencies(target: str) -> None:
+    stage = STAGES[target]
+    assert stage.all("COPY") == [f"locks/{target}.txt /opt/venv/lock.txt"]
+    installs = stage.all("RUN")
+    assert "pip install --require-hashes -r /opt/venv/lock.txt" in installs
+    ours = next(run for run in installs if "/src/api" in run)
+    assert ours.endswith("pip install --no-deps /src/api /src"), ours
+    assert installs.index("pip install --require-hashes -r /opt/venv/lock.txt") < installs.index(ours)
+
+
+def _pinned(lock: str) -> set[str]:
+    return {line.split("==")[0].lower() for line in (REPO / "locks" / lock).read_text().splitlines() if "==" in line}
+
+
 def test_operator_has_no_torch() -> None:
-    installs = " ".join(STAGES["operator"].all("RUN"))
-    assert "[operator]" in installs
-    assert "torch" not in installs and "[runtime]" not in installs
+    assert "kopf" in _pinned("operator.txt")
+    assert not {"torch", "diffusers", "transformers"} & _pinned("operator.txt")
 
 
 def test_runtime_has_torchrun_and_a_writable_model_cache() -> None:
     runtime = STAGES["runtime"]
     installs = " ".join(runtime.all("RUN"))
-    assert "[runtime]" in installs
+    assert {"torch", "diffusers", "transformers", "accelerate"} <= _pinned("runtime.txt")
     env = " ".join(runtime.all("ENV"))
     # torchrun and `python -m muralist_runtime` come from the venv, which is first on PATH.
     assert "PATH=/opt/venv/bin:" in env
@@ -107,5 +121,6 @@ def test_extra_ca_is_optional_and_used_by_pip(target: str) -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     lines = (REPO / ".dockerignore").read_text().split()
     assert lines[lines.index("*")] == "*"  # an allowlist: everything else stays out (.git, venvs, outputs)
-    for needed in ("!pyproject.toml", "!cli/", "!operator/", "!runtime/", "!hack/image-base.sh"):
+    for needed in ("!pyproject.toml", "!cli/", "!operator/", "!runtime/", "!hack/image-base.sh", "!locks/operator.txt",
+                   "!locks/runtime.txt"):
         assert needed in lines
