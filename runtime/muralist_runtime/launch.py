@@ -23,7 +23,6 @@ Torch-free and quick: it only reads the spec and starts one process.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from muralist_api import contract
 from muralist_api.contract.env import PodEnv
-from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.runtime_spec import read_runtime_spec
 
 from .report.termination import permanent_verdict_line, termination_text
 from .world import drain
@@ -42,8 +41,9 @@ from .world import drain
 
 def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The launcher argv and the PET_* environment of this pod's agent."""
-    doc = json.loads(Path(spec_file).read_text())
-    runtime = RuntimeSpec.model_validate(doc)
+    # Fields of a newer operator that this image does not know are left to the ranks, which refuse
+    # them by name (exit 78): the launch only needs the world's shape.
+    runtime = read_runtime_spec(Path(spec_file).read_text(), refuse_unknown=False)
     par = runtime.spec.parallelism
     pod = PodEnv.from_environ(env)
     world, rdzv = contract.pod_world(runtime.name, pod.pod_index, par.resolved_processes_per_node, par.gpus_per_node,

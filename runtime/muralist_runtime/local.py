@@ -29,7 +29,7 @@ from muralist_api import contract
 from muralist_api.job import DiffusionJob
 from muralist_api.manifests import ManifestFile, Reader
 from muralist_api.rules.problems import ValidationProblem
-from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.runtime_spec import RuntimeSpec, runtime_spec_json
 from muralist_api.storage import join_uri
 
 from .model.inputs import missing_inline_inputs
@@ -260,7 +260,7 @@ class JobBar:
 def _start_agents(runtime: RuntimeSpec, tmp: Path, termination: Path) -> tuple[list[subprocess.Popen[bytes]],
                                                                               list[Path]]:
     spec_file = tmp / "runtime-spec.json"
-    spec_file.write_text(runtime.model_dump_json(by_alias=True, exclude_none=True))
+    spec_file.write_text(runtime_spec_json(runtime))
     base_env = {**os.environ, contract.MURALIST_LOCAL: "1", contract.MURALIST_TERMINATION_LOG: str(termination)}
     procs, dirs = [], []
     # Worlds take consecutive ports from the first (one per pod, at most).

@@ -44,7 +44,7 @@ from muralist_api import contract
 from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE, PermanentFailure, Termination
 from muralist_api.contract.env import PodEnv
 from muralist_api.rules.problems import problems_from
-from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.runtime_spec import RuntimeSpec, read_runtime_spec
 from pydantic import ValidationError
 
 from .model import loading
@@ -70,7 +70,8 @@ def read_spec(path: str) -> RuntimeSpec:
     except OSError as e:
         raise PermanentFailure("--spec", f"cannot read {path}: {e.strerror}") from None
     try:
-        return RuntimeSpec.model_validate_json(text)
+        # A field of a newer operator that this image lacks is refused by name there (exit 78).
+        return read_runtime_spec(text)
     except ValidationError as e:
         # The same rules as admission; a spec that slipped past them (written by hand, an
         # older operator) is refused with admission's message, which names the field.
