@@ -6,11 +6,19 @@ defaults so the API server fills them in, and marks pass-through Kubernetes obje
 `x-kubernetes-preserve-unknown-fields`. The CEL rules are declared in the API beside the
 field or model they guard, each naming the Python rule it mirrors (muralist_api/cel.py);
 `CEL_RULES` collects them by schema path and they are added there.
+
+Defaults only where the operator of the release before knows the field (`crd_baseline.KNOWN_PATHS`,
+the schema paths of the skew baseline's CRD): the API server fills a CRD default into every object it
+returns, stored ones included, and an older operator refuses a field it does not know. A field added
+since is defaulted by pydantic alone (its description says to what), and a CEL rule that reads it
+from another node checks `has()` first. Moving the baseline (contract/versions.py) gives the fields
+that the new baseline knows their defaults back.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Iterator
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -21,6 +29,8 @@ from muralist_api.rules.catalog import DNS_LABEL_MAX
 from muralist_api.status import DiffusionJobStatus
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
+
+from muralist_operator.crd_baseline import KNOWN_PATHS
 
 
 def _models(annotation: Any) -> Iterator[type[BaseModel]]:
@@ -194,6 +204,45 @@ def _at(schema: dict[str, Any], path: str) -> dict[str, Any]:
     return node
 
 
+def schema_paths(node: dict[str, Any], path: str = "") -> Iterator[str]:
+    """The path of every field below `node`: property names joined by dots, `[]` for a list's items,
+    `{}` for a map's values (spec.prompts[], spec.podTemplate.labels{})."""
+    for name, child in (node.get("properties") or {}).items():
+        child_path = f"{path}.{name}" if path else name
+        yield child_path
+        yield from schema_paths(child, child_path)
+    for key, mark in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(node.get(key), dict):
+            yield f"{path}{mark}"
+            yield from schema_paths(node[key], f"{path}{mark}")
+
+
+def defaults_only_where_known(node: dict[str, Any], known: frozenset[str], path: str = "") -> None:
+    """Drop the CRD default of every field not in `known` (saying it in the description instead),
+    and such fields from the default of an object that holds them."""
+    if "default" in node:
+        if path and path not in known:
+            default = node.pop("default")
+            node["description"] = (f"{node.get('description', '')} Default: {json.dumps(default)} (filled in by "
+                                   "Muralist, not stored: operators of the release before do not know this field).")
+        else:
+            node["default"] = _known_part(node["default"], node, known, path)
+    for name, child in (node.get("properties") or {}).items():
+        defaults_only_where_known(child, known, f"{path}.{name}" if path else name)
+    for key, mark in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(node.get(key), dict):
+            defaults_only_where_known(node[key], known, f"{path}{mark}")
+
+
+def _known_part(value: Any, node: dict[str, Any], known: frozenset[str], path: str) -> Any:
+    """An object's default without the fields `known` lacks (a map's or a list's is kept whole)."""
+    properties = node.get("properties")
+    if not isinstance(value, dict) or not properties:
+        return value
+    return {k: _known_part(v, properties.get(k, {}), known, f"{path}.{k}") for k, v in value.items()
+            if f"{path}.{k}" in known}
+
+
 def openapi_schema() -> dict[str, Any]:
     spec = _model_schema(DiffusionJobSpec)
     status = _model_schema(DiffusionJobStatus)
@@ -220,6 +269,7 @@ def openapi_schema() -> dict[str, Any]:
             "status": status,
         },
     }
+    defaults_only_where_known(root, KNOWN_PATHS)
     for path, rules in CEL_RULES.items():
         _at(root, path).setdefault("x-kubernetes-validations", []).extend(r.wire() for r in rules)
     return root
