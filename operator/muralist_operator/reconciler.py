@@ -1,8 +1,9 @@
 """The Reconciler: observe, decide (lifecycle.decide), write status once, act, then post events.
 
 Every trigger (handlers.py: kopf's watches and indexes) runs the same level-based
-`Reconciler.reconcile`: the DiffusionJob changing, one of its Jobs or pods changing (watched
-with label selectors, so the API server sends only ours), a pod's pushed progress that changed
+`Reconciler.reconcile`: the DiffusionJob changing, one of its children changing (watched with
+label selectors, so the API server sends only those labelled as a job's; `observe` counts only
+those the job owns, by uid), a pod's pushed progress that changed
 the counts (throttled per job by the aggregator), or the clock: for deadlines and TTL every
 tick, for stall detection when a pod could be over its timeout (every running job has one), and
 for pods that have not started when one is due to be named or timed out (policies.start).
@@ -18,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from muralist_api.contract.progress import ProgressReport
@@ -380,7 +381,7 @@ class Reconciler:
                 if children is None or not self._create_children(owner, children):
                     suppressed.add("JobCreated")
             elif isinstance(action, RestoreChildren):
-                if children is None or not self._restore_children(owner, children, action):
+                if children is None or not self._restore_children(owner, children, action, decision):
                     suppressed.add(REASON_CHILD_RESTORED)
             elif isinstance(action, DeleteJob):
                 log.info("deleting Job %s/%s: %s", ns, name, action.reason)
@@ -411,10 +412,16 @@ class Reconciler:
             created_job = created_job or (created and child["kind"] == "Job")
         return created_job
 
-    def _restore_children(self, owner: dict[str, Any], children: Children, action: RestoreChildren) -> bool:
-        """True when this call created one of them (not while the indexes catch up with a creation)."""
+    def _restore_children(self, owner: dict[str, Any], children: Children, action: RestoreChildren,
+                          decision: Decision) -> bool:
+        """True when this call created one of them. Not while the indexes may not show what was
+        just created: then the job is decided again once they had the time."""
         key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
-        if time.monotonic() - self.created.get(key, -CREATE_GRACE_SECONDS) < CREATE_GRACE_SECONDS:
+        grace = CREATE_GRACE_SECONDS - (time.monotonic() - self.created.get(key, -CREATE_GRACE_SECONDS))
+        if grace > 0:
+            again = datetime.now(UTC) + timedelta(seconds=grace)
+            if decision.check_again_at is None or again < decision.check_again_at:
+                decision.check_again_at = again
             return False
         self.created[key] = time.monotonic()
         wanted = set(action.children)

@@ -183,7 +183,11 @@ def timeout_message(late: Waiting, policy: RunPolicy, now: datetime) -> str:
 
 def apply(t: Transition, policy: RunPolicy, found: list[Waiting], now: datetime) -> Waiting | None:
     """Name the pods that have not started in the PodsNotStarting condition (dropped once none
-    waits); fail the job once one waited past the timeout. Returns the first one named."""
+    waits); fail the job once one waited past the timeout; ask to be decided again when that could
+    change with time alone (next_check). Returns the first one named."""
+    due = next_check(found, policy, now)
+    if due is not None:
+        t.check_again(due)
     shown = named(found, now)
     if not shown:
         t.drop_condition(CONDITION)
