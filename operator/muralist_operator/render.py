@@ -21,7 +21,7 @@ from muralist_api.contract import (
 )
 from muralist_api.job import DiffusionJob
 from muralist_api.rules.catalog import CONFIGMAP_MAX_BYTES
-from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.runtime_spec import RuntimeSpec, runtime_spec_json
 from muralist_api.storage import join_uri
 
 from .naming import (
@@ -139,7 +139,8 @@ def runtime_spec(job: DiffusionJob, namespace: str) -> RuntimeSpec:
 def render_spec_config_map(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> dict[str, Any]:
     """The resolved runtime spec, and the CA the pods check the progress endpoint with (both
     mounted at SPEC_DIR)."""
-    payload = runtime_spec(job, namespace).model_dump_json(by_alias=True, exclude_none=True)
+    # Only what differs from its default: an image of the release before reads it (contract/versions.py).
+    payload = runtime_spec_json(runtime_spec(job, namespace))
     if len(payload.encode()) > CONFIGMAP_MAX_BYTES:
         raise RenderError(
             f"spec.prompts: {len(job.spec.prompts)} prompts make a {len(payload.encode()) // 1024} KiB "

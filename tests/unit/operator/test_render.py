@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,11 +11,13 @@ import yaml
 from muralist_api import contract
 from muralist_api.job import ContextParallelSpec
 from muralist_api.rules.catalog import CONFIGMAP_MAX_BYTES
-from muralist_api.runtime_spec import RuntimeSpec
-from muralist_operator.render import RenderError, child_names, render_children
+from muralist_api.rules.problems import parse_job
+from muralist_api.runtime_spec import RuntimeSpec, read_runtime_spec
+from muralist_operator.render import RenderError, child_names, render_children, runtime_spec
 from muralist_operator.settings import OperatorSettings
 
 from tests.builders import make_job
+from tests.paths import REPO
 
 SETTINGS = OperatorSettings(runtime_image="registry.example/muralist-runtime:test",
                             progress_url="https://progress.example.svc:8443",
@@ -200,6 +203,16 @@ def test_spec_config_map_holds_the_resolved_runtime_spec() -> None:
     runtime = RuntimeSpec.model_validate_json(cm["data"]["spec.json"])
     assert runtime.output_dir == "/output/runs/one"
     assert runtime.spec == job.spec and runtime.namespace == "ns"
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+def test_the_runtime_reads_each_example_whole_from_a_spec_without_its_defaults(example: Path) -> None:
+    # Defaults stay out of the ConfigMap, so that an image of the release before reads it (a field it
+    # does not know reaches it only when a job sets it): a field left out must read as its default.
+    job = parse_job(next(d for d in yaml.safe_load_all(example.read_text()) if d.get("kind") == "DiffusionJob"))
+    wire = json.loads(render_children(job, "ns", SETTINGS).spec_config_map["data"]["spec.json"])
+    assert "runPolicy" not in wire["spec"] or "workloadSlices" not in wire["spec"]["runPolicy"]
+    assert read_runtime_spec(json.dumps(wire)).model_dump() == runtime_spec(job, "ns").model_dump()
 
 
 def test_restricted_security_context_by_default() -> None:
