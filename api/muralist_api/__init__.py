@@ -11,8 +11,8 @@ images install it and the operator needs nothing else of the runtime:
 - `contract/`: what crosses between the images: the pod contract (launcher command,
   environment, paths: `pod`; the runtime's one typed view of that environment: `env`; exit
   codes, termination message: `termination`), the progress wire (`progress`), the image counts
-  both carry (`counts`), the resume digest (`resume`) and the output folder's versions
-  (`output_format`);
+  both carry (`counts`), the resume digest (`resume`), the output folder's versions
+  (`output_format`) and which versions of Muralist work together (`versions`);
 - `runtime_spec`: the runtime spec the operator hands to the pods;
 - `items`: work items and their seeds;
 - `manifests`: reading manifest files.

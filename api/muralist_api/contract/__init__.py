@@ -8,7 +8,9 @@ One module per contract:
 - `termination`: exit codes, the permanent-failure verdict and the termination message;
 - `progress`: the progress wire (the report a pod posts, its endpoint, token and interval);
 - `counts`: the image counts both carry;
-- `resume`: the resume digest; `output_format`: the output folder's versions.
+- `resume`: the resume digest; `output_format`: the output folder's versions;
+- `versions`: the skew policy (which versions work together) and how each part reads what a
+  newer one wrote.
 
 Every name of `pod`, `termination`, `progress` and `counts` is re-exported here, so callers
 may keep writing `contract.NAME`. Pure and torch-free: the operator image imports it.

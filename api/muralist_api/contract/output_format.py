@@ -30,7 +30,10 @@ This runtime resumes every version from 1 to OUTPUT_FORMAT. How older ones are r
   part files (a part file lists every item of its chunk); a folder without part files (1) has
   none to keep, and its items are kept one by one, by their files.
 A folder it cannot read is refused (`FormatError`, which the runtime turns into exit 78 naming
-spec.output.path and what changed): one of a newer version, a part file that is not one.
+spec.output.path and what changed): one of a newer version, a part file that is not one. Between
+the runtime images the skew policy pairs (contract/versions.py: releases N and N-1 under one
+operator) that makes resuming one-way: N resumes a folder of N-1, N-1 refuses one that N wrote
+in a newer format.
 
 The rule for changing the format:
 - Bump OUTPUT_FORMAT when a reader of the current version would misread a folder the new code

@@ -4,6 +4,10 @@ The torchrun and accelerate command lines, the PET_* and MURALIST_* environment 
 the paths inside the pod and the torchrun world each pod joins. Render, the local runner, the
 runtime's readers, the CEL reserved-name rule and the test harness all take them from here, so
 they cannot drift apart.
+
+An operator starts pods of its own release's runtime image and of the release before
+(contract/versions.py): a command, variable or path here is added, never renamed, removed or
+given another meaning while an image of the release before may still read it.
 """
 
 from __future__ import annotations
