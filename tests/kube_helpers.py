@@ -16,6 +16,8 @@ FATE_OUTCOME = "fate.muralist.dev/outcome"
 FATE_AFTER = "fate.muralist.dev/after"
 FATE_EXIT_CODE = "fate.muralist.dev/exit-code"
 FATE_MESSAGE = "fate.muralist.dev/message"
+FATE_WAITING = "fate.muralist.dev/waiting"
+FATE_WAITING_MESSAGE = "fate.muralist.dev/waiting-message"
 OUTCOMES = ("succeed", "fail", "run")
 
 
@@ -62,6 +64,12 @@ def fate_annotations(
     if after is not None:
         annotations[FATE_AFTER] = after
     return annotations
+
+
+def never_starting(reason: str = "ImagePullBackOff", message: str | None = None) -> dict[str, str]:
+    """Annotations of a pod that never starts: it stays Pending, its containers waiting for `reason`
+    (as a kubelet reports an image it cannot pull, or a missing Secret)."""
+    return {FATE_WAITING: reason, **({FATE_WAITING_MESSAGE: message} if message is not None else {})}
 
 
 def set_pod_fate(

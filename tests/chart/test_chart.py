@@ -272,7 +272,9 @@ def test_the_operators_network_policy_admits_job_pods_to_progress_and_anyone_to_
     }
     # And the operator may create each job's policy, in either mode.
     rules = [r for d in docs if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
-    assert {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]} in rules
+    # (and watch them, to create one again that someone deleted).
+    assert {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+            "verbs": ["get", "list", "watch", "create"]} in rules
 
 
 def test_network_policies_follow_their_values(helm: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from muralist_api.contract import INDEX_FAILURE_COUNT_ANNOTATION
 from muralist_api.job import GROUP, PLURAL, VERSION
 
 from tests.builders import make_job
-from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
+from tests.kube_helpers import fate_annotations, never_starting, set_pod_fate, wait_for
 from tests.operator_helpers import DJ, pod_index
 from tests.unit.api.rules.invalid_cases import INVALID_CASES
 
@@ -291,3 +292,48 @@ def test_a_job_in_object_storage_is_admitted_and_its_pods_get_the_secret_as_env(
     pod_spec = job.spec.template.spec
     assert [e.secret_ref.name for e in pod_spec.containers[0].env_from] == ["s3-keys"]
     assert not {"output", "dataset"} & {v.name for v in pod_spec.volumes}, "object storage is never mounted"
+
+
+def test_pods_that_never_start_are_named_and_fail_the_job_at_its_start_timeout(
+        dj: DJ, control_plane: Any, core_v1: Any) -> None:
+    # Three pods that never start, for three reasons: an image that cannot be pulled (kwok plays
+    # the kubelet's ImagePullBackOff: hack/kwok-stages.yaml), a pod no node can take (the real
+    # scheduler's verdict), and a pod that Pod Security admission refuses (the Job controller
+    # says so only in an Event).
+    core_v1.patch_namespace(dj.ns, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}})
+    began = time.monotonic()
+    dj.create(make_job("pull").run_policy(startTimeoutSeconds=15).pod_template(annotations=never_starting()).obj())
+    dj.create(make_job("nowhere").pod_template(nodeSelector={"muralist.dev/test-pool": "none"}).obj())
+    dj.create(make_job("refused").output(volume={"hostPath": {"path": "/tmp/refused"}}).obj())
+
+    def waiting(name: str) -> dict[str, Any] | None:
+        return next((c for c in dj.status(name).get("conditions") or [] if c["type"] == "PodsNotStarting"), None)
+
+    named = {name: wait_for(lambda n=name: waiting(n), timeout=60, message=f"{name}: PodsNotStarting")
+             for name in ("pull", "nowhere", "refused")}
+    took = time.monotonic() - began
+    assert named["pull"]["reason"] == "ImagePullBackOff"
+    assert 'Back-off pulling image "muralist-runtime:test"' in named["pull"]["message"]
+    assert named["nowhere"]["reason"] == "Unschedulable"
+    assert "didn't match Pod's node affinity/selector" in named["nowhere"]["message"]
+    assert named["refused"]["reason"] == "FailedCreate"
+    assert 'violates PodSecurity "baseline:latest": hostPath volumes (volume "output")' in named["refused"]["message"]
+    assert took < 60, f"named after {took:.0f}s"
+    assert "Unschedulable" in dj.status("nowhere")["message"], "the phase's message says it too"
+
+    # `kubectl get dj` shows why in its Waiting column.
+    kubectl = [str(control_plane.bin_dir / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig), "-n", dj.ns]
+    table = subprocess.run([*kubectl, "get", "dj"], capture_output=True, text=True, check=True).stdout
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
+    assert table.split()[:4] == ["NAME", "PHASE", "PROGRESS", "ETA"] and "WAITING" in table.splitlines()[0]
+    assert "ImagePullBackOff" in rows["pull"] and "Unschedulable" in rows["nowhere"]
+    assert "FailedCreate" in rows["refused"]
+
+    # Past runPolicy.startTimeoutSeconds the job fails with the pod's reason, and its Job goes.
+    failed = dj.wait_phase("pull", "Failed", timeout=60)
+    assert [c["reason"] for c in failed["conditions"] if c["type"] == "Failed"] == ["ImagePullBackOff"]
+    assert "runPolicy.startTimeoutSeconds=15" in failed["message"]
+    wait_for(lambda: not dj.batch.list_namespaced_job(dj.ns, field_selector="metadata.name=pull").items,
+             timeout=30, message="the Job of pull deleted")
+    dj.wait_events("pull", "ImagePullBackOff")
+    assert dj.status("nowhere")["phase"] == "Pending", "the default timeout (600 s) has not passed"

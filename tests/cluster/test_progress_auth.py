@@ -19,7 +19,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from muralist_api.contract.progress import ProgressReport
-from muralist_operator.progress.auth import COMPLETION_INDEX, LABEL_JOB, TokenVerifier, api_pod_lookup
+from muralist_operator.progress.auth import (
+    COMPLETION_INDEX,
+    LABEL_JOB,
+    TokenVerifier,
+    api_job_lookup,
+    api_pod_lookup,
+)
 from muralist_operator.progress.server import ProgressServer, client_context
 from muralist_operator.progress.tls import TlsMaterial, ensure_certificate, service_names
 
@@ -30,12 +36,13 @@ pytestmark = pytest.mark.cluster
 SERVICE = "muralist-progress"
 SECRET = "muralist-progress-tls"
 # What the operator needs for progress: TokenReview (cluster-scoped), and its certificate Secret
-# in its own namespace. Reading pods is here only because the test looks them up over the API;
-# the operator reads them from its kopf index (list/watch, already granted).
+# in its own namespace. Reading pods and Jobs is here only because the test looks them up over the
+# API; the operator reads them from its kopf indexes (list/watch, already granted).
 CLUSTER_RULES = [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]
 NAMESPACE_RULES = [
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},
 ]
 
 
@@ -67,8 +74,34 @@ class Setup:
     conn: SniConnection
     reports: list[tuple[str, str, ProgressReport]] = field(default_factory=list)
 
+    def job_pod(self, job: str, index: int = 0, completions: int = 1) -> tuple[str, str]:
+        """The pod of `index` that the Job controller made for an Indexed Job `job` (labelled as a
+        diffusionjob's, as the operator's are; created on first use), kept Running by kwok: (name, uid)."""
+        batch = client.BatchV1Api(self.core.api_client)
+        try:
+            batch.create_namespaced_job(self.namespace, {
+                "metadata": {"name": job, "labels": {LABEL_JOB: job}},
+                "spec": {"completionMode": "Indexed", "completions": completions, "parallelism": completions,
+                         "template": {
+                             "metadata": {"labels": {LABEL_JOB: job}, "annotations": fate_annotations("run")},
+                             "spec": {"serviceAccountName": "runner", "restartPolicy": "Never",
+                                      "containers": [{"name": "main", "image": "muralist-runtime:test"}]}}}})
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+        def made() -> Any:
+            pods = self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"job-name={job},batch.kubernetes.io/job-completion-index={index}")
+            return next((p for p in pods.items if p.status.phase == "Running" and not p.metadata.deletion_timestamp),
+                        None)
+
+        pod = wait_for(made, timeout=30, message=f"the Job's pod of index {index}")
+        return pod.metadata.name, pod.metadata.uid
+
     def pod(self, name: str, job: str, index: int, namespace: str | None = None) -> str:
-        """A pod of `job` at completion `index`, kept Running by kwok; returns its uid."""
+        """A pod labelled as one of `job` at completion `index`, but no Job's (anyone who may create
+        pods can make one), kept Running by kwok; returns its uid."""
         body = {
             "metadata": {"name": name, "labels": {LABEL_JOB: job},
                          "annotations": {**fate_annotations("run"), COMPLETION_INDEX: str(index)}},
@@ -134,7 +167,8 @@ def setup(kube_api: Any, core_v1: client.CoreV1Api, namespace: str) -> Iterator[
         tls = wait_for(lambda: ensure_certificate(as_operator, namespace, SECRET, SERVICE), timeout=30,
                        message="the certificate Secret")
         authentication = client.AuthenticationV1Api(api)
-        verifier = TokenVerifier(authentication, api_pod_lookup(as_operator))
+        verifier = TokenVerifier(authentication, api_pod_lookup(as_operator),
+                                 api_job_lookup(client.BatchV1Api(api)))
         reports: list[tuple[str, str, ProgressReport]] = []
         server = ProgressServer(verifier, lambda ns, job, r: reports.append((ns, job, r)), tls,
                                 host="127.0.0.1", port=0).start()
@@ -154,14 +188,25 @@ def test_the_certificate_secret_is_reused_by_the_next_replica(setup: Setup) -> N
 
 
 def test_a_pod_of_the_job_is_accepted_with_one_token_review(setup: Setup) -> None:
-    uid = setup.pod("cats-0", "cats", 0)
-    token = setup.token("cats-0", uid)
+    name, uid = setup.job_pod("cats")
+    token = setup.token(name, uid)
     for completed in (1, 2, 3):
-        assert setup.post("cats", report("cats-0", completed=completed), token) == (204, None)
+        assert setup.post("cats", report(name, completed=completed), token) == (204, None)
     assert [(ns, job, r.pod, r.completed) for ns, job, r in setup.reports] == [
-        (setup.namespace, "cats", "cats-0", c) for c in (1, 2, 3)
+        (setup.namespace, "cats", name, c) for c in (1, 2, 3)
     ]
     assert setup.verifier.reviews == 1
+
+
+def test_a_pod_that_the_jobs_job_does_not_own_is_forbidden(setup: Setup) -> None:
+    # Labelled as the job's pod of index 0, by someone who may create pods: no Job made it, so its
+    # posts could fake the job's progress (or take over index 0's slot).
+    setup.job_pod("cats")  # the job's Job and its own pod exist
+    uid = setup.pod("cats-0-forged", "cats", 0)
+    status, body = setup.post("cats", report("cats-0-forged"), setup.token("cats-0-forged", uid))
+    assert status == 403
+    assert f"pod {setup.namespace}/cats-0-forged is not owned by the Job of diffusionjob cats" in body["error"]
+    assert setup.reports == []
 
 
 def test_a_pod_of_another_job_is_forbidden(setup: Setup) -> None:
@@ -196,26 +241,27 @@ def test_no_token_is_unauthenticated(setup: Setup) -> None:
 
 
 def test_a_token_of_a_deleted_pod_is_refused(setup: Setup) -> None:
-    uid = setup.pod("cats-1", "cats", 1)
-    token = setup.token("cats-1", uid)
-    assert setup.post("cats", report("cats-1", index=1), token)[0] == 204
-    setup.core.delete_namespaced_pod("cats-1", setup.namespace, grace_period_seconds=0)
+    name, uid = setup.job_pod("cats", index=1, completions=2)
+    token = setup.token(name, uid)
+    assert setup.post("cats", report(name, index=1), token)[0] == 204
+    setup.core.delete_namespaced_pod(name, setup.namespace, grace_period_seconds=0)
 
     def gone() -> bool:
         try:
-            setup.core.read_namespaced_pod("cats-1", setup.namespace)
+            setup.core.read_namespaced_pod(name, setup.namespace)
         except ApiException as e:
             return e.status == 404
         return False
 
-    wait_for(gone, timeout=30, message="pod cats-1 deleted")
+    wait_for(gone, timeout=30, message=f"pod {name} deleted")
     # The cached verdict does not outlive the pod: the binding check refuses at once.
-    status, body = setup.post("cats", report("cats-1", index=1), token)
+    status, body = setup.post("cats", report(name, index=1), token)
     assert status == 401 and "no longer exists" in body["error"]
 
     # The API server itself refuses the token too, but only once its own token cache (10 s for
     # successes) lets go: a verifier without a cache of its own sees "authenticated" for a while.
-    fresh = TokenVerifier(setup.authentication, api_pod_lookup(setup.core), positive_ttl=0)
+    fresh = TokenVerifier(setup.authentication, api_pod_lookup(setup.core),
+                          api_job_lookup(client.BatchV1Api(setup.core.api_client)), positive_ttl=0)
     verdict = wait_for(lambda: (v := fresh.authenticate(token)).status == 401 and v, timeout=30,
                        message="TokenReview to refuse the deleted pod's token")
     assert "service account token has been invalidated" in verdict.reason

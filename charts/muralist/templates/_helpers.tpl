@@ -76,28 +76,32 @@ kopf handlers in handlers.py), and nothing more.
 - apiGroups: ["muralist.dev"]
   resources: ["diffusionjobs/finalizers"]
   verbs: ["update"]
-# The Indexed Job: watched (kopf index), created, patched to (un)suspend, deleted when a job
-# fails in a way its own rules cannot see or passes its deadline.
+# The Indexed Job: watched (kopf index), created, read when its name is taken (whose is it?),
+# patched to (un)suspend, deleted when a job fails in a way its own rules cannot see or passes
+# its deadline.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["list", "watch", "create", "delete", "patch"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # Pods: watched (failures per index, who may post progress); a stalled pod is annotated with
 # the reason and deleted (the Job retries it).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch", "delete"]
-# The headless Service and the spec ConfigMap of each job.
+# The headless Service and the spec ConfigMap of each job: watched (only those labelled as a
+# job's, but RBAC cannot say so), so that one deleted is created again; read when its name is
+# taken (whose is it?).
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["create"]
-# Each job's NetworkPolicy (only its own pods reach its pods), unless switched off.
+  verbs: ["get", "list", "watch", "create"]
+# Each job's NetworkPolicy (only its own pods reach its pods), unless switched off; the same.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["create"]
-# One Event per transition of a DiffusionJob.
+  verbs: ["get", "list", "watch", "create"]
+# One Event per transition of a DiffusionJob; the Warning events about a pod that does not
+# start (FailedMount) or its Job (FailedCreate), which say what their status cannot.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
 {{- end -}}
 
 {{/* Cluster-scoped reads kopf makes: new CRDs, and (namespaced mode) namespaces coming and going. */}}
