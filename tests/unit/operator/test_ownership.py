@@ -5,12 +5,15 @@ events of a pod that does not start are read when its status cannot say why."""
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+from kubernetes.client.exceptions import ApiException
 from muralist_operator import handlers
 from muralist_operator.decision import iso
-from muralist_operator.kube import NameTaken
+from muralist_operator.kube import Kube, NameTaken
 from muralist_operator.observe import ChildView, PodView, Termination, WarningEvent
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.settings import OperatorSettings
@@ -167,3 +170,82 @@ def test_a_slow_pods_events_are_read_once_its_status_cannot_say_why() -> None:
     r2, kube2 = reconciler([worker(0), pulling])
     r2.reconcile(*KEY)
     assert kube2.warning_reads == []
+
+
+def test_the_progress_endpoint_hears_only_pods_of_the_job_it_owns() -> None:
+    r, _ = reconciler([], jobs=[job_view(uid="theirs", owner_uid="another-dj"), ours()])
+    assert r.workers_uid(*KEY) is None, "the job's body is not known yet"
+    r.reconcile(*KEY)
+    assert r.workers_uid(*KEY) == JOB_UID
+    r.indexes["muralist_jobs"] = {KEY: [job_view(uid="theirs", owner_uid="another-dj")]}
+    assert r.workers_uid(*KEY) is None
+
+
+# -- Kube.create: a 409 reads the object that is there
+
+
+class Response:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body).encode()
+
+    def read(self) -> bytes:
+        return self.data
+
+    def release_conn(self) -> None:
+        pass
+
+
+class Taken:
+    """The client's create and read calls of every kind of child, the name taken by `existing`
+    (None: free)."""
+
+    def __init__(self, existing: dict[str, Any] | None) -> None:
+        self.existing = existing
+
+    def create(self, namespace: str, body: dict[str, Any], **_: Any) -> Response:
+        if self.existing is None:
+            return Response(body)
+        raise ApiException(status=409, reason="Conflict")
+
+    def read(self, name: str, namespace: str, **_: Any) -> Response:
+        if self.existing is None:
+            raise ApiException(status=404, reason="Not Found")
+        return Response(self.existing)
+
+    create_namespaced_service = create_namespaced_config_map = create_namespaced_job = create
+    create_namespaced_network_policy = create
+    read_namespaced_service = read_namespaced_config_map = read_namespaced_job = read_namespaced_network_policy = read
+
+
+OWNER = {"apiVersion": "muralist.dev/v1alpha1", "kind": "DiffusionJob",
+         "metadata": {"name": "cats", "namespace": "ns", "uid": DJ_UID}}
+
+
+def spec_config_map() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cats-spec", "namespace": "ns"}}
+
+
+def kube_with(existing: dict[str, Any] | None) -> Kube:
+    api = Taken(existing)
+    return Kube(core=api, batch=api, custom=None, authentication=None, networking=api)
+
+
+def test_create_owns_what_it_makes_and_tells_whose_a_taken_name_is() -> None:
+    made = spec_config_map()
+    assert kube_with(None).create(made, OWNER) is True
+    [ref] = made["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["uid"], ref["controller"]) == ("DiffusionJob", DJ_UID, True)
+    ours_already = {"metadata": {"name": "cats-spec", "ownerReferences": [dict(ref)]}}
+    assert kube_with(ours_already).create(spec_config_map(), OWNER) is False, "a retry: it is the job's"
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"metadata": {"name": "cats-spec"}}, "nothing owns it"),
+        ({"metadata": {"name": "cats-spec", "ownerReferences": [{**ref, "name": "dogs", "uid": "x"}]}},
+         "it belongs to DiffusionJob dogs"),
+        # A reference to the job that is no controller's (anyone may add one) does not make it the job's.
+        ({"metadata": {"name": "cats-spec", "ownerReferences": [{**ref, "controller": False}]}}, "nothing owns it"),
+    ]
+    for existing, whose in cases:
+        with pytest.raises(NameTaken) as taken:
+            kube_with(existing).create(spec_config_map(), OWNER)
+        assert str(taken.value) == (f"ConfigMap cats-spec already exists and is not this DiffusionJob's ({whose}): "
+                                    "delete it, or create the DiffusionJob under another name")
