@@ -24,6 +24,7 @@ REASON_WORLD_FAILED = "WorldPeerFailed"
 REASON_ALL_ITEMS_FAILED = "AllItemsFailed"
 REASON_NAME_TAKEN = "NameTaken"
 REASON_CHILD_RESTORED = "ChildRestored"
+REASON_EARLIER_JOB = "EarlierJobDeleting"
 
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Complete", "Failed", "Ready", "Stalled",
                    "PodsNotStarting")
@@ -180,6 +181,14 @@ class Transition:
     def drop_condition(self, type_: str) -> None:
         """For a condition that is there only while something is wrong (PodsNotStarting)."""
         self.status.conditions = [c for c in self.status.conditions if c.type != type_]
+
+
+def decide_waiting(status: DiffusionJobStatus, generation: int | None, reason: str, message: str,
+                   now: datetime) -> Decision:
+    """A job that cannot create its children yet (an earlier job's of the same name are going): Pending."""
+    t = Transition(status, generation, now)
+    t.phase(Phase.PENDING, reason, message)
+    return t.decision
 
 
 def decide_failed(status: DiffusionJobStatus, generation: int | None, reason: str, message: str,

@@ -79,6 +79,26 @@ class NameTaken(Exception):
         self.kind, self.name = kind, name
 
 
+class NameHeld(Exception):
+    """A child's name is held by an object on its way out: one being deleted, or one of an earlier
+    DiffusionJob of the same name (deleted: the garbage collector deletes what it owned). The job
+    waits for it to go, and creates its own then."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(f"waiting for {kind} {name} of an earlier DiffusionJob of this name to be deleted")
+        self.kind, self.name = kind, name
+
+
+def _earlier(existing: dict[str, Any], owner: dict[str, Any]) -> bool:
+    """Whether `existing` is going: being deleted, or owned by an earlier object of the owner's kind
+    and name (there is one such object at a time: a different uid is one that was deleted)."""
+    meta = existing.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return True
+    return any(r.get("controller") and r.get("kind") == owner.get("kind") and r.get("name") == owner["metadata"]["name"]
+               for r in meta.get("ownerReferences") or [])
+
+
 def _event_time(event: dict[str, Any]) -> str:
     """When an Event (core/v1, written by either events API) was last seen, as an RFC 3339 string."""
     series = event.get("series") or {}
@@ -153,7 +173,8 @@ class Kube:
 
     def create(self, obj: dict[str, Any], owner: dict[str, Any]) -> bool:
         """Create a child owned by the DiffusionJob (its controller). False when it exists already
-        and is the job's; NameTaken when the name is taken by an object the job does not own."""
+        and is the job's; NameHeld while an earlier job's object of that name is going; NameTaken
+        when the name is taken by an object the job does not own."""
         kopf.append_owner_reference(obj, owner=owner)  # type: ignore[arg-type]  # a plain dict serves as a Body
         ns, name, kind = obj["metadata"]["namespace"], obj["metadata"]["name"], obj["kind"]
         creators = {
@@ -181,9 +202,11 @@ class Kube:
             if e.status == 404:  # gone since: the next event creates it
                 return False
             raise
-        if controller_uid(existing) != owner["metadata"].get("uid"):
-            raise NameTaken(kind, name, existing)
-        return False
+        if controller_uid(existing) == owner["metadata"].get("uid"):
+            return False
+        if _earlier(existing, owner):
+            raise NameHeld(kind, name)
+        raise NameTaken(kind, name, existing)
 
     def delete_job(self, namespace: str, name: str) -> None:
         # Foreground: the Job object stays until its pods are gone, so a Job created again

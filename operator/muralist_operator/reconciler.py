@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from muralist_operator import metrics
 from muralist_operator.decision import (
     REASON_CHILD_RESTORED,
+    REASON_EARLIER_JOB,
     REASON_INVALID_SPEC,
     REASON_NAME_TAKEN,
     REASON_RENDER_FAILED,
@@ -43,8 +44,9 @@ from muralist_operator.decision import (
     SetJobSuspend,
     StopPod,
     decide_failed,
+    decide_waiting,
 )
-from muralist_operator.kube import Kube, NameTaken
+from muralist_operator.kube import Kube, NameHeld, NameTaken
 from muralist_operator.lifecycle import decide
 from muralist_operator.observe import ChildView, JobView, Observed, PodView, WarningEvent
 from muralist_operator.policies import stall, start
@@ -58,6 +60,9 @@ Key = tuple[str, str]
 CLOCK_SECONDS = 2.0
 RESYNC_SECONDS = 60.0
 CREATE_GRACE_SECONDS = 10.0
+# How soon a job whose child's name an earlier job's object still holds tries again (each of their
+# deletions is an event that tries too).
+NAME_HELD_RETRY_SECONDS = 5.0
 CHILD_INDEXES = ("muralist_services", "muralist_config_maps", "muralist_network_policies")
 INDEXES = ("muralist_jobs", "muralist_pods", "muralist_pod_info", "muralist_diffusionjobs", *CHILD_INDEXES)
 
@@ -335,6 +340,11 @@ class Reconciler:
             decision = decide_failed(status, generation, REASON_NAME_TAKEN, str(e), now)
             if current is not None and not current.deleting:
                 self.kube.delete_job(*key)  # its pods would use the stranger's object as their own
+            suppressed = set()
+        except NameHeld as e:  # a job of this name was deleted a moment ago: create ours once its objects are gone
+            decision = decide_waiting(status, generation, REASON_EARLIER_JOB, str(e), now)
+            decision.check_again_at = now + timedelta(seconds=NAME_HELD_RETRY_SECONDS)
+            self.created.pop(key, None)  # their deletion's event comes before the creation grace would end
             suppressed = set()
         new_status = decision.status.wire()
         changes_seen = observed.progress_changes if observed is not None else None

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 from muralist_api.contract import COMPLETION_INDEX_ANNOTATION
+from muralist_api.job import GROUP, PLURAL, VERSION
 
 from tests.builders import make_job
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
@@ -99,3 +100,27 @@ def test_a_foreign_pod_with_the_jobs_labels_changes_nothing(dj: DJ) -> None:
     done = dj.wait_phase("cats", "Succeeded")
     assert (done["restarts"], done.get("indexes") or []) == (0, [])
     assert done["progress"]["summary"] == "2/2"
+
+
+def test_a_job_created_again_under_its_name_waits_for_the_earlier_ones_children(dj: DJ) -> None:
+    # `kubectl delete dj cats && kubectl apply -f cats.yaml` before the garbage collector is done:
+    # the new job's pods must never read the earlier one's spec. A finalizer holds the earlier
+    # spec ConfigMap on its way out for as long as the test wants.
+    first = dj.create(running_job(nodes=1))
+    wait_for(lambda: dj.batch.read_namespaced_job("cats", dj.ns), message="the first Job")
+    dj.core.patch_namespaced_config_map("cats-spec", dj.ns, {"metadata": {"finalizers": ["muralist.dev/test-hold"]}})
+    dj.custom.delete_namespaced_custom_object(GROUP, VERSION, dj.ns, PLURAL, "cats")
+    wait_for(lambda: dj.core.read_namespaced_config_map("cats-spec", dj.ns).metadata.deletion_timestamp,
+             timeout=60, message="the earlier spec ConfigMap being deleted")
+    second = dj.create(running_job(nodes=1))
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    waiting = wait_for(lambda: (s := dj.status("cats")).get("message", "").startswith("waiting for ConfigMap") and s,
+                       message="the new job waiting for the earlier ConfigMap")
+    assert waiting["phase"] == "Pending"
+    assert waiting["message"] == "waiting for ConfigMap cats-spec of an earlier DiffusionJob of this name to be deleted"
+    dj.core.patch_namespaced_config_map("cats-spec", dj.ns, {"metadata": {"finalizers": None}})
+    dj.wait_phase("cats", "Running")
+    spec = dj.core.read_namespaced_config_map("cats-spec", dj.ns)
+    assert controller(spec) == ("DiffusionJob", second["metadata"]["uid"])
+    job = dj.batch.read_namespaced_job("cats", dj.ns)
+    assert controller(job) == ("DiffusionJob", second["metadata"]["uid"])

@@ -13,7 +13,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from muralist_operator import handlers
 from muralist_operator.decision import iso
-from muralist_operator.kube import Kube, NameTaken
+from muralist_operator.kube import Kube, NameHeld, NameTaken
 from muralist_operator.observe import ChildView, PodView, Termination, WarningEvent
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.settings import OperatorSettings
@@ -29,6 +29,7 @@ CHILDREN = ("muralist_services", "muralist_config_maps", "muralist_network_polic
 class FakeKube:
     def __init__(self, body: dict[str, Any]) -> None:
         self.body = body
+        self.held: set[tuple[str, str]] = set()  # names an earlier job's objects still hold
         self.created: list[tuple[str, str]] = []
         self.events: list[str] = []
         self.deleted: list[str] = []
@@ -46,6 +47,8 @@ class FakeKube:
 
     def create(self, obj: dict[str, Any], owner: dict[str, Any]) -> bool:
         name = (obj["kind"], obj["metadata"]["name"])
+        if name in self.held:
+            raise NameHeld(*name)
         if name in self.taken:
             raise NameTaken(*name, self.taken[name])
         self.created.append(name)
@@ -121,6 +124,23 @@ def test_a_name_taken_by_a_stranger_fails_the_job_naming_it() -> None:
                                  "delete it, or create the DiffusionJob under another name")
     assert ("Job", "cats") not in kube.created and kube.deleted == []
     assert "NameTaken" in kube.events and "JobCreated" not in kube.events
+
+
+def test_a_name_an_earlier_job_of_the_same_name_still_holds_is_waited_for() -> None:
+    # `kubectl delete dj cats && kubectl apply -f cats.yaml`: the garbage collector has not deleted
+    # the first cats' spec ConfigMap yet. Its pods must never read that one: no Job until it is gone.
+    r, kube = reconciler([], jobs=[])
+    kube.held.add(("ConfigMap", "cats-spec"))
+    r.reconcile(*KEY)
+    status = kube.body["status"]
+    assert status["phase"] == "Pending" and ("Job", "cats") not in kube.created
+    assert status["message"] == "waiting for ConfigMap cats-spec of an earlier DiffusionJob of this name to be deleted"
+    assert "JobCreated" not in kube.events and KEY not in r.created, "the next event creates it, grace or not"
+    kube.held.clear()  # gone: its deletion is an event
+    kube.body["metadata"]["resourceVersion"] = "50"
+    assert r.seen(KEY, copy.deepcopy(kube.body))
+    r.reconcile(*KEY)
+    assert ("Job", "cats") in kube.created and "JobCreated" in kube.events
 
 
 def test_a_name_taken_while_running_stops_the_jobs_pods() -> None:
@@ -237,6 +257,12 @@ def test_create_owns_what_it_makes_and_tells_whose_a_taken_name_is() -> None:
     assert (ref["kind"], ref["uid"], ref["controller"]) == ("DiffusionJob", DJ_UID, True)
     ours_already = {"metadata": {"name": "cats-spec", "ownerReferences": [dict(ref)]}}
     assert kube_with(ours_already).create(spec_config_map(), OWNER) is False, "a retry: it is the job's"
+    earlier = {**ref, "uid": "the-first-cats"}
+    for going in ({"metadata": {"name": "cats-spec", "ownerReferences": [earlier]}},
+                  {"metadata": {"name": "cats-spec", "deletionTimestamp": "2026-12-05T00:00:00Z",
+                                "ownerReferences": [{**ref, "name": "dogs", "uid": "x"}]}}):
+        with pytest.raises(NameHeld):  # the earlier cats' (deleted), or one being deleted: wait for it
+            kube_with(going).create(spec_config_map(), OWNER)
     cases: list[tuple[dict[str, Any], str]] = [
         ({"metadata": {"name": "cats-spec"}}, "nothing owns it"),
         ({"metadata": {"name": "cats-spec", "ownerReferences": [{**ref, "name": "dogs", "uid": "x"}]}},
