@@ -3,6 +3,7 @@ for DiffusionJobs. Shared by the `cluster` (kwok) and `e2e` (real node) tests.""
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import subprocess
@@ -20,16 +21,19 @@ REPO = Path(__file__).resolve().parents[1]
 CRD_FILE = REPO / "crds" / "muralist.dev_diffusionjobs.yaml"
 
 
-def apply_crd(api: Any) -> dict[str, Any]:
-    """The DiffusionJob CRD from crds/, applied (or updated) and served."""
+def apply_crd(api: Any, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The DiffusionJob CRD from crds/ (or `body`: another version's), applied (or put in place of the
+    one there) and served."""
     ext = client.ApiextensionsV1Api(api)
-    body = yaml.safe_load(CRD_FILE.read_text())
+    body = copy.deepcopy(body) if body is not None else yaml.safe_load(CRD_FILE.read_text())
     try:
         ext.create_custom_resource_definition(body)
     except client.ApiException as e:
         if e.status != 409:  # another fixture of the session (the chart tests) applied it
             raise
-        ext.patch_custom_resource_definition(body["metadata"]["name"], body)
+        current = ext.read_custom_resource_definition(body["metadata"]["name"])
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(body["metadata"]["name"], body)
 
     def established() -> bool:
         got = ext.read_custom_resource_definition(body["metadata"]["name"])
