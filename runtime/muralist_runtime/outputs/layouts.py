@@ -34,6 +34,8 @@ from muralist_api.contract import PermanentFailure, output_format
 from muralist_api.items import Item, printable
 from muralist_api.runtime_spec import RuntimeSpec
 
+from ..work.chunks import ChunkCounts
+from ..work.item_failures import NAMED, describe_item
 from . import media, shards, storage, temps
 from .gallery import GALLERY_DIR
 from .thumbnails import thumbnail_jpeg
@@ -134,6 +136,13 @@ def _first_parts_rows(root: Path) -> dict[int, set[int]]:
         if entries:
             out[chunk] = {e["promptIndex"] for e in entries}
     return out
+
+
+def chunk_counts(entries: list[dict[str, Any]]) -> ChunkCounts:
+    """A finished chunk's completed items, failed items, and the first failed ones described."""
+    failed = [e for e in entries if e.get("status") == "failed"]
+    return len(entries) - len(failed), len(failed), [describe_item(e.get("key", "?"), e.get("id"), e.get("error"))
+                                                     for e in failed[:NAMED]]
 
 
 def write_part(root: Path, chunk: int, entries: Iterable[dict[str, Any]]) -> None:

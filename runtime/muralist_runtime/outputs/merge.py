@@ -106,7 +106,7 @@ def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: Cl
     # Another pod's is the operator's to retry (its stall timeout); should no chunk finish for
     # the bound all the same, this pod fails and its retry claims the missing chunks itself.
     timeout = runtime.spec.parallelism.collective_timeout_seconds
-    Tally(claims).wait_all(
+    Tally(claims, lambda chunk: layouts.chunk_counts(read_part(jobfile.root, chunk) or [])).wait_all(
         work.chunks, pending, bound=merge_wait_bound(work, timeout, slowest_item_seconds),
         holder=lambda group: f"pod {group * layout.group_size // layout.local_world_size}")
     timings["waitSeconds"] = time.perf_counter() - start

@@ -21,11 +21,10 @@ from muralist_api.items import Item
 
 from ..model import pipeline
 from ..outputs import storage, writer
-from ..outputs.layouts import RenderedOutput, failed_entry, part_path, read_part, write_part
+from ..outputs.layouts import RenderedOutput, chunk_counts, failed_entry, part_path, read_part, write_part
 from ..run_state import Job, NotSetUp, RunState
 from ..testing import faults
 from ..work import chunks, item_failures, rows
-from ..work.item_failures import NAMED, describe_item
 from ..world import drain
 from . import failures
 from .cache_gate import CacheGate
@@ -54,10 +53,9 @@ def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
         if faults.static_plan():
             own = chunks.static_chunks(job.work, layout.group_index, layout.dp_degree)
         else:
-            # The first pod's groups of one rank stay to the end for chunks that drained pods hand
-            # back (a group's other ranks would wait for them in a collective that has a timeout).
-            linger = job.runtime.spec.parallelism.collective_timeout_seconds if (
-                layout.pod_index == 0 and layout.group_size == 1) else 0.0
+            # The first pod's groups stay to the end for chunks that drained pods hand back (a group's
+            # other ranks wait for them in the share below, told to go on waiting now and then).
+            linger = job.runtime.spec.parallelism.collective_timeout_seconds if layout.pod_index == 0 else 0.0
             own = chunks.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
                                       _tally(job, state), linger=linger, stop=drain.requested,
                                       idle=state.progress.idle if linger else _busy)
@@ -75,6 +73,8 @@ def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
         step = world.share_in_group(step)
         if step is None:
             return
+        if step == (chunks.LINGERING, False):
+            continue
         if step == chunks.NOTHING_LEFT:
             raise chunks.NothingLeft("the group's first rank found the job merged and its first pod gone")
         if step == DRAINED:
@@ -95,16 +95,9 @@ def _failed_in(job: Job, chunk: int) -> int:
     return _part_counts(job, chunk)[1]
 
 
-def _part_counts(job: Job, chunk: int) -> tuple[int, int, list[str]]:
-    """A finished chunk's chunks.ChunkCounts, from its part file."""
-    return _counts(read_part(Path(job.runtime.output_dir), chunk) or [])
-
-
-def _counts(entries: list[dict[str, Any]]) -> tuple[int, int, list[str]]:
-    """Completed items, failed items, and the first failed ones described (chunks.ChunkCounts)."""
-    failed = [e for e in entries if e.get("status") == "failed"]
-    return len(entries) - len(failed), len(failed), [describe_item(e.get("key", "?"), e.get("id"), e.get("error"))
-                                                     for e in failed[:NAMED]]
+def _part_counts(job: Job, chunk: int) -> chunks.ChunkCounts:
+    """A finished chunk's counts, from its part file."""
+    return chunk_counts(read_part(Path(job.runtime.output_dir), chunk) or [])
 
 
 def _tally(job: Job, state: RunState) -> chunks.Tally:
@@ -290,8 +283,11 @@ def _hand_back(job: Job, state: RunState, chunk: int, run: ChunkRun | None, test
         _threads(state).wait_idle()
         _add_written(state, run, test)
         state.layout.abandon_chunk(chunk)
-        chunks.release(state.claims, chunk, state.world.layout.group_index)
+        released = chunks.release(state.claims, chunk, state.world.layout.group_index)
         done = len([e for e in run.entries.values() if e.get("status") != "failed"])
+        if not released:
+            raise drain.Drained(f"stopped in chunk {chunk} with {done} of its items written; another group took the "
+                                "chunk meanwhile and finishes it")
     raise drain.Drained(f"stopped in chunk {chunk} with {done} of its items written; the chunk is handed back "
                         "to the other pods")
 
@@ -303,9 +299,9 @@ def _end_chunk(job: Job, state: RunState, run: ChunkRun, test: faults.TestKnobs)
     state.layout.end_chunk(run.chunk)
     entries = sorted(run.entries.values(), key=lambda e: e["index"])
     write_part(state.layout.root, run.chunk, entries)
-    completed, failed, failures = _counts(entries)
+    completed, failed, failures = chunk_counts(entries)
     tally = _tally(job, state)
-    verdict = item_failures.chunk_verdict(tally.finished(run.chunk, completed, failed, failures),
-                                          job.runtime.spec.run_policy, job.work.total_items)
+    verdict = tally.verdict(tally.finished(run.chunk, completed, failed, failures), job.runtime.spec.run_policy,
+                            job.work.total_items)
     if verdict is not None:
         raise item_failures.failure(verdict, tally.first_failures() or failures)

@@ -20,6 +20,19 @@ from zero: every chunk is claimed again, and chunks done on disk are counted and
 That wait has a bound (`merge_wait_bound`): when no chunk of the job finishes for that long, the
 first pod fails (retryable) naming the chunks not done and who holds them, and its retry, with a
 new store, claims them again.
+
+Every store operation may be applied twice: the client retries one whose reply was lost
+(claims.py), though the server had applied it. So what decides is written to be idempotent:
+- ownership is one compare-and-set from a free state ("" never owned, "0" handed back) to the
+  group's number; a retried one finds its own number and knows it won. A release is a
+  compare-and-set from the group's number back to "0", and says whether it happened.
+- a finished chunk is counted once: a compare-and-set of `counted/<chunk>` to a token of the
+  call picks the one call that counts it, and the chunk goes into `finished`, a set (entries
+  `<chunk>:<completed>:<failed>,` appended, read back deduplicated by chunk): the merge's wait and
+  any failure of the job are decided from that set. The running totals (`done`, `completed`,
+  `failed`, plain adds) are hints that a lost reply may inflate: a verdict they give is checked
+  against the set before it fails a job. An append gets no reply, so one can be lost with its
+  connection: the merge's wait puts a counted chunk missing from the set back from its part file.
 """
 
 from __future__ import annotations
@@ -27,12 +40,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from muralist_api import contract
 from muralist_api.contract.env import PodEnv
 from muralist_api.job import DiffusionJobSpec
+from muralist_api.pods import RunPolicy
 
 from ..world import drain
 from . import item_failures
@@ -51,6 +66,12 @@ NAMESPACE = "work"
 WAIT_SECONDS = 1.0
 # What a group's first rank shares instead of a chunk when it found the job over (NothingLeft).
 NOTHING_LEFT = "nothing-left"
+# What dynamic_chunks yields instead of a chunk, about once a WAIT_SECONDS, while it stays for
+# handed-back chunks: a group's other ranks wait for their next chunk in a collective with a timeout.
+LINGERING = -1
+# The set of finished chunks (see the module's docstring) and the key that picks who counts a chunk.
+FINISHED = "finished"
+COUNTED = "counted"
 
 
 # The merge waits at least this many times as long as the slowest chunk could take here.
@@ -110,17 +131,32 @@ def claims_address(env: dict[str, str] | None = None) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def owner(client: ClaimClient, chunk: int) -> int | None:
+    """The group that owns a chunk, or None."""
+    value = client.add(f"owner/{chunk}", 0)
+    return value - 1 if value else None
+
+
 def _take(client: ClaimClient, chunk: int, group: int) -> bool:
-    """Own a chunk nobody owns (a lost claim, one handed back): the add that makes the owner
-    exactly group + 1 is the one that found it at 0."""
-    return client.add(f"owner/{chunk}", 0) == 0 and client.add(f"owner/{chunk}", group + 1) == group + 1
+    """Own a chunk that nobody owns (a fresh claim, a lost one, one handed back): one compare-and-set
+    from its free state, "" (never owned) or "0" (handed back), to this group's number."""
+    mine = str(group + 1)
+    now = client.compare_set(f"owner/{chunk}", "", mine)
+    if now == "0":
+        now = client.compare_set(f"owner/{chunk}", "0", mine)
+    return now == mine
 
 
-def release(client: ClaimClient, chunk: int, group: int) -> None:
+def release(client: ClaimClient, chunk: int, group: int) -> bool:
     """Hand an unfinished chunk back (a drained group): nobody owns it, and it is listed for the
-    groups that stay until the end (`dynamic_chunks(linger=True)`)."""
-    client.compare_set(f"owner/{chunk}", str(group + 1), "0")
+    groups that stay until the end (`dynamic_chunks(linger=...)`). False when the chunk was not this
+    group's (another group took it meanwhile): nothing is handed back."""
+    now = client.compare_set(f"owner/{chunk}", str(group + 1), "0")
+    if now != "0":
+        log.warning("chunk %d is group %s's, not group %d's: not handed back", chunk, int(now or 1) - 1, group)
+        return False
     client.append("released", f"{chunk},")
+    return True
 
 
 def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bool], group: int,
@@ -145,11 +181,11 @@ def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bo
     owned = [int(c) for c in client.text(f"owned/{group}").split(",") if c]
     for chunk in dict.fromkeys(owned):  # claimed by this group before its pod was retried
         # Still this group's, or handed back and not taken since (a drained pod started again).
-        if not done(chunk) and claimable() and (client.add(f"owner/{chunk}", 0) == group + 1
-                                                or _take(client, chunk, group)):
+        if not done(chunk) and claimable() and (owner(client, chunk) == group or _take(client, chunk, group)):
             yield chunk, False
     while claimable() and (chunk := client.next_chunk()) < plan.chunks:
-        client.add(f"owner/{chunk}", group + 1)
+        if not _take(client, chunk, group):
+            continue  # a sweeping group took it between the claim and this: it renders it
         client.append(f"owned/{group}", f"{chunk},")
         yield chunk, False
     for i in range(plan.chunks):
@@ -157,12 +193,12 @@ def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bo
         if done(chunk):
             if tally is not None:
                 tally.count(chunk)  # done before the store's life began: count it now
-        elif claimable() and _take(client, chunk, group):
+        elif claimable() and owner(client, chunk) is None and _take(client, chunk, group):
             yield chunk, True
     seen, last, since = 0, -1, clock()
     if linger:
         idle(True)
-    while linger and (finished := client.add("done", 0)) < plan.chunks:
+    while linger and (finished := _finished_count(client, tally)) < plan.chunks:
         if finished != last:
             last, since = finished, clock()
         elif clock() - since >= linger:
@@ -176,6 +212,11 @@ def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bo
         seen = len(released)
         claimable()
         sleep(WAIT_SECONDS)
+        yield LINGERING, False  # the group's other ranks wait in a collective: tell them to go on waiting
+
+
+def _finished_count(client: ClaimClient, tally: Tally | None) -> int:
+    return len(tally.records()) if tally is not None else client.add("done", 0)
 
 
 def static_chunks(plan: WorkPlan, group: int, groups: int) -> Iterator[tuple[int, bool]]:
@@ -192,17 +233,20 @@ ChunkCounts = tuple[int, int, list[str]]
 
 
 class Tally:
-    """The store's job-wide counters: chunks finished (each counted once), items completed and
-    failed, and the first failed items described (item_failures applies its rules to them)."""
+    """The store's job-wide counts: the set of finished chunks with their items (exact), and the
+    running totals of chunks, completed and failed items (hints: see the module's docstring), and
+    the first failed items described (item_failures applies its rules to them)."""
 
     def __init__(self, client: ClaimClient, counts_of: Callable[[int], ChunkCounts] | None = None):
         self.client = client
         self.counts_of = counts_of  # a finished chunk's counts, from its part file
 
     def finished(self, chunk: int, completed: int, failed: int, failures: list[str] | None = None) -> JobTally:
-        """Count a finished chunk once per store life; returns the job's counters so far."""
-        if self.client.add(f"done/{chunk}", 1) != 1:
-            return JobTally(self.client.add("done", 0), self.client.add("completed", 0), self.client.add("failed", 0))
+        """Count a finished chunk once per store life; returns the job's counts so far (hints)."""
+        token = uuid.uuid4().hex
+        if self.client.compare_set(f"{COUNTED}/{chunk}", "", token) != token:
+            return self.hints()  # counted already (by a duplicate writer, or before a retried pod)
+        self.client.append(FINISHED, f"{chunk}:{completed}:{failed},")
         failed_total = self.client.add("failed", failed)
         if failures and failed_total - failed < item_failures.NAMED:
             self.client.append("failures", "".join(f"{line}\n" for line in failures[:item_failures.NAMED]))
@@ -213,22 +257,49 @@ class Tally:
             completed_total = self.client.add("completed", 0)
         return JobTally(chunks, completed_total, failed_total)
 
+    def verdict(self, counted: JobTally, policy: RunPolicy, total: int) -> item_failures.FailureVerdict | None:
+        """item_failures' verdict as a chunk ends (`counted`: what `finished` returned): a failure the running
+        totals show is confirmed by the set of finished chunks, since a lost reply may have inflated them."""
+        if item_failures.chunk_verdict(counted, policy, total) is None:
+            return None
+        return item_failures.chunk_verdict(self.exact(), policy, total)
+
+    def hints(self) -> JobTally:
+        return JobTally(self.client.add("done", 0), self.client.add("completed", 0), self.client.add("failed", 0))
+
+    def records(self) -> dict[int, tuple[int, int]]:
+        """The finished chunks: chunk -> (completed, failed), each chunk once."""
+        out: dict[int, tuple[int, int]] = {}
+        for entry in self.client.text(FINISHED).split(","):
+            if entry:
+                chunk, completed, failed = (int(x) for x in entry.split(":"))
+                out.setdefault(chunk, (completed, failed))
+        return out
+
+    def exact(self) -> JobTally:
+        """The job's counts from the set of finished chunks: what a verdict that fails the job reads."""
+        records = self.records()
+        return JobTally(len(records), sum(c for c, _ in records.values()), sum(f for _, f in records.values()))
+
     def count(self, chunk: int) -> None:
         """Count a chunk found finished on disk, unless it is counted already."""
-        if self.client.add(f"done/{chunk}", 0) == 0:
+        if not self.client.text(f"{COUNTED}/{chunk}"):
             self.finished(chunk, *(self.counts_of(chunk) if self.counts_of else (0, 0, [])))
 
     def first_failures(self) -> list[str]:
         """The first failed items counted in this store's life, described (at most NAMED)."""
-        return [line for line in self.client.text("failures").splitlines() if line][:item_failures.NAMED]
+        lines = dict.fromkeys(line for line in self.client.text("failures").splitlines() if line)
+        return list(lines)[:item_failures.NAMED]
 
     def wait_all(self, chunks: int, on_wait: Callable[[int], object] | None = None, bound: float | None = None,
                  holder: Callable[[int], str] = lambda group: f"group {group}",
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-        """Until every chunk of the job is finished (the first pod's merge waits for the others);
-        MergeWaitTimeout once none has finished for `bound` seconds. `holder` names a group."""
+        """Until every chunk of the job is in the set of finished chunks (the first pod's merge waits for the
+        others); MergeWaitTimeout once none has finished for `bound` seconds. `holder` names a group."""
         last, since = -1, clock()
-        while (done := self.client.add("done", 0)) < chunks:
+        while (done := len(finished := self.records())) < chunks:
+            if self.client.add("done", 0) >= chunks:
+                self._heal(chunks, finished)  # every chunk counted, yet not every one in the set
             if drain.requested():
                 raise drain.Drained(f"told to stop while waiting to merge ({done} of {chunks} chunks done); the "
                                     "first pod's next start merges")
@@ -237,19 +308,32 @@ class Tally:
             if done != last:
                 last, since = done, clock()
             elif bound is not None and clock() - since >= bound:
-                raise MergeWaitTimeout(self.missing(chunks, done, clock() - since, holder))
+                if not self._heal(chunks, finished):
+                    raise MergeWaitTimeout(self.missing(chunks, finished, clock() - since, holder))
+                since = clock()
             sleep(WAIT_SECONDS)
 
-    def missing(self, chunks: int, done: int, quiet: float, holder: Callable[[int], str], show: int = 5) -> str:
+    def _heal(self, chunks: int, finished: dict[int, tuple[int, int]]) -> bool:
+        """Put into the set the chunks that were counted but are not in it, from their part files; whether
+        any was. An append has no reply: one sent on a connection that broke before the server read it is
+        lost, and so is the entry of a counter that stopped between the compare-and-set and the append."""
+        healed = False
+        for chunk in range(chunks):
+            if chunk not in finished and self.counts_of is not None and self.client.text(f"{COUNTED}/{chunk}"):
+                completed, failed, _ = self.counts_of(chunk)
+                self.client.append(FINISHED, f"{chunk}:{completed}:{failed},")
+                healed = True
+        return healed
+
+    def missing(self, chunks: int, finished: dict[int, tuple[int, int]], quiet: float, holder: Callable[[int], str],
+                show: int = 5) -> str:
         """What the merge waited for: the first chunks not done, and the group holding each."""
         shown = []
-        for chunk in range(chunks):
-            if len(shown) == show:
-                break
-            if self.client.add(f"done/{chunk}", 0) == 0:
-                owner = self.client.add(f"owner/{chunk}", 0)
-                shown.append(f"{chunk} ({holder(owner - 1) if owner else 'held by nobody'})")
-        more = f", and {chunks - done - len(shown)} more" if chunks - done > len(shown) else ""
+        left = [chunk for chunk in range(chunks) if chunk not in finished]
+        for chunk in left[:show]:
+            group = owner(self.client, chunk)
+            shown.append(f"{chunk} ({holder(group) if group is not None else 'held by nobody'})")
+        more = f", and {len(left) - len(shown)} more" if len(left) > len(shown) else ""
         return (f"the merge waited {quiet:.0f}s with no chunk finished (parallelism.collectiveTimeoutSeconds): "
-                f"{chunks - done} of {chunks} chunks not done: {', '.join(shown)}{more}; failing this pod, so "
-                "that its retry claims them again")
+                f"{len(left)} of {chunks} chunks not done: {', '.join(shown)}{more}; failing this pod, so that its "
+                "retry claims them again")

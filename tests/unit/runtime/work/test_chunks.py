@@ -9,7 +9,7 @@ import pytest
 from muralist_api.items import item_seed, row_items
 from muralist_api.job import Generation
 from muralist_runtime.render import claim_loop
-from muralist_runtime.work import chunks
+from muralist_runtime.work import chunks, item_failures
 from muralist_runtime.work.item_failures import JobTally
 from muralist_runtime.world import drain
 from muralist_runtime.world.distributed import Layout
@@ -184,8 +184,9 @@ class GroupOfTwo:
     """share_in_group for a group of two ranks, played from one side: the first rank's values
     are recorded (what the other rank would receive); the other rank is handed `incoming`."""
 
-    def __init__(self, first: bool, incoming: list[object] | None = None) -> None:
-        self.layout = SimpleNamespace(writes_images=first, group_index=0, pod_index=0, group_size=2)
+    def __init__(self, first: bool, incoming: list[object] | None = None, pod_index: int = 1) -> None:
+        # By default not the first pod's: a group that does not stay for handed-back chunks.
+        self.layout = SimpleNamespace(writes_images=first, group_index=0, pod_index=pod_index, group_size=2)
         self.shared: list[object] = []
         self.incoming = list(incoming or [])
 
@@ -220,6 +221,32 @@ def test_a_group_ends_together_when_its_first_rank_stops(monkeypatch: pytest.Mon
         next(stream)
 
 
+def chunks_of(stream: Any) -> Any:
+    """dynamic_chunks' chunks, without the heartbeats it yields while it stays (LINGERING)."""
+    return (step for step in stream if step[0] != chunks.LINGERING)
+
+
+def test_a_group_of_two_in_the_first_pod_stays_together_for_handed_back_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    stays: dict[str, Any] = {}
+
+    def staying(*args: object, **kwargs: Any):  # type: ignore[no-untyped-def]
+        stays.update(kwargs)
+        yield chunks.LINGERING, False
+        yield chunks.LINGERING, False
+        yield 3, True
+
+    monkeypatch.setattr(chunks, "dynamic_chunks", staying)
+    job = SimpleNamespace(work=plan_for(4), runtime=make_job().job())
+    first = GroupOfTwo(first=True, pod_index=0)
+    state = SimpleNamespace(world=first, claims=None, progress=SimpleNamespace(idle=lambda _idle: None))
+    assert list(claim_loop.chunk_stream(job, state)) == [(3, True)]
+    assert stays["linger"] == 600, "a group of two ranks stays, as long as a collective may wait"
+    assert first.shared == [(chunks.LINGERING, False), (chunks.LINGERING, False), (3, True), None]
+    other = GroupOfTwo(first=False, incoming=first.shared, pod_index=0)
+    assert list(claim_loop.chunk_stream(job, SimpleNamespace(world=other, claims=None))) == [(3, True)], \
+        "the other rank waits on with its first rank, then renders the chunk it took"
+
+
 def test_a_chunk_handed_back_late_is_taken_by_a_group_that_stays() -> None:
     from muralist_runtime.work.claims import ClaimClient, ClaimServer
 
@@ -228,23 +255,26 @@ def test_a_chunk_handed_back_late_is_taken_by_a_group_that_stays() -> None:
         # Group 1 claimed chunk 2 and is still on it when group 0 has swept everything else.
         for chunk, owner in ((0, 0), (1, 0), (2, 1)):
             assert store.next_chunk() == chunk
-            store.add(f"owner/{chunk}", owner + 1)
-        store.add("done", 2)
+            assert chunks._take(store, chunk, owner)
+        tally = chunks.Tally(store)
+        tally.finished(0, 1, 0)
+        tally.finished(1, 1, 0)
         done = {0, 1}
         clock = Clock(1.0, {3.0: lambda: chunks.release(store, 2, group=1)})  # group 1 drains
         idle: list[bool] = []
-        stream = chunks.dynamic_chunks(store, plan, done.__contains__, group=0, linger=30.0,
+        stream = chunks.dynamic_chunks(store, plan, done.__contains__, group=0, tally=tally, linger=30.0,
                                        clock=lambda: clock.now, sleep=clock.sleep, idle=idle.append)
-        assert next(stream) == (2, True), "the handed-back chunk is taken"
+        assert next(stream) == (chunks.LINGERING, False), "while it stays, it tells its group to wait on"
+        assert next(chunks_of(stream)) == (2, True), "the handed-back chunk is taken"
         assert idle == [True, False], "quiet by right while it waits, rendering again when it takes one"
-        assert store.add("owner/2", 0) == 1, "and owned by group 0 now"
+        assert chunks.owner(store, 2) == 0, "and owned by group 0 now"
         done.add(2)
-        store.add("done", 1)
-        assert list(stream) == [], "every chunk finished: the group stops staying"
+        tally.finished(2, 1, 0)
+        assert list(chunks_of(stream)) == [], "every chunk finished: the group stops staying"
         assert idle == [True, False, True]
         # A group that did not stay (or a drained pod's retry) finds nothing of it left to take.
-        chunks.release(store, 2, group=1)  # a stale hand-back changes nothing: group 0 holds it
-        assert store.add("owner/2", 0) == 1
+        assert not chunks.release(store, 2, group=1), "a stale hand-back changes nothing: group 0 holds it"
+        assert chunks.owner(store, 2) == 0
         with pytest.raises(drain.Drained):
             next(chunks.dynamic_chunks(store, chunks.WorkPlan(0, 4, 1, 1), done.__contains__, group=1,
                                        stop=lambda: True))
@@ -259,8 +289,8 @@ def test_staying_ends_when_no_chunk_finishes_for_its_bound() -> None:
             store.next_chunk()
             store.add(f"owner/{chunk}", 2)  # group 1 holds both, and is hung
         clock = Clock(5.0)
-        got = list(chunks.dynamic_chunks(store, plan, lambda c: False, group=0, linger=20.0,
-                                         clock=lambda: clock.now, sleep=clock.sleep))
+        got = list(chunks_of(chunks.dynamic_chunks(store, plan, lambda c: False, group=0, linger=20.0,
+                                                   clock=lambda: clock.now, sleep=clock.sleep)))
     assert got == [] and clock.now == 20.0, "the merge's own bound then names the missing chunks"
 
 
@@ -278,3 +308,120 @@ def test_a_drained_pods_retry_takes_back_its_handed_back_chunk_unless_taken() ->
         store.add("owner/2", 2)  # group 1 took chunk 2 since
         got = list(chunks.dynamic_chunks(store, plan, {0}.__contains__, group=0))
     assert got == [(1, False)], "chunk 1 is taken back, chunk 2 is group 1's now"
+
+
+# -- the store's decisions under lost replies and races ----------------------------------------------
+
+
+def lossy_client(proxy: Any) -> Any:
+    """A client through `proxy` that reconnects at once after a lost reply (claims.ClaimClient retries)."""
+    from muralist_runtime.work.claims import ClaimClient
+
+    return ClaimClient("127.0.0.1", proxy.port, chunks.NAMESPACE, connect_timeout_s=5, backoff_s=(0.01, 0.05))
+
+
+# The store operations with a reply that Tally.finished makes, in order (an append gets none): the
+# compare-and-set that picks who counts the chunk, the failed total, the completed total, the chunks.
+FINISHING_OPS = ["counted", "failed", "completed", "done"]
+
+
+@pytest.mark.parametrize("lost", range(len(FINISHING_OPS)), ids=FINISHING_OPS)
+def test_a_lost_reply_never_counts_a_chunk_twice(lost: int) -> None:
+    from muralist_api.pods import RunPolicy
+    from muralist_runtime.work.claims import ClaimServer
+
+    from tests.lossy_proxy import LossyProxy
+
+    policy = RunPolicy(maxFailedItems=1)  # one failed item is allowed, two fail the job
+    with ClaimServer(0) as server, LossyProxy(("127.0.0.1", server.port)) as proxy, lossy_client(proxy) as store:
+        tally = chunks.Tally(store)
+        tally.hints()  # connected: from here on, one reply per operation
+        proxy.lose_reply(after=lost)
+        counted = tally.finished(0, 3, 1, ["00000-001: NaN"])
+        assert proxy.lost == 1 and store.reconnects == 1, "the reply was lost, the operation sent again"
+        assert tally.exact() == JobTally(chunks=1, completed=3, failed=1)
+        assert tally.records() == {0: (3, 1)}
+        assert tally.first_failures() == ["00000-001: NaN"]
+        assert tally.verdict(counted, policy, total=100) is None, "one failed item is not two"
+        tally.finished(0, 3, 1, ["00000-001: NaN"])  # a duplicate writer of chunk 0: not counted again
+        assert tally.exact() == JobTally(chunks=1, completed=3, failed=1)
+        tally.wait_all(1)  # returns at once: the one chunk is finished
+        if FINISHING_OPS[lost] == "failed":
+            # What the running total alone would have decided: the add was applied twice.
+            assert tally.hints().failed == 2
+            assert item_failures.chunk_verdict(tally.hints(), policy, total=100) is not None
+
+
+@pytest.mark.parametrize("lost", ["take", "release"])
+def test_owning_and_handing_back_survive_a_lost_reply(lost: str) -> None:
+    from muralist_runtime.work.claims import ClaimServer
+
+    from tests.lossy_proxy import LossyProxy
+
+    with ClaimServer(0) as server, LossyProxy(("127.0.0.1", server.port)) as proxy, lossy_client(proxy) as store:
+        assert chunks.owner(store, 5) is None
+        if lost == "take":
+            proxy.lose_reply()
+        assert chunks._take(store, 5, group=2), "a retried compare-and-set finds its own number: it won"
+        assert chunks.owner(store, 5) == 2
+        assert not chunks._take(store, 5, group=3), "and nobody else takes it"
+        if lost == "release":
+            proxy.lose_reply()
+        assert chunks.release(store, 5, group=2)
+        assert chunks.owner(store, 5) is None
+        assert [c for c in store.text("released").split(",") if c] == ["5"]
+        assert proxy.lost == 1
+        assert chunks._take(store, 5, group=3), "a handed-back chunk is taken again"
+        assert not chunks.release(store, 5, group=2), "a stale hand-back is refused: group 3 holds it"
+        assert chunks.owner(store, 5) == 3
+
+
+def test_two_groups_racing_for_a_handed_back_chunk_leave_one_owner_that_can_hand_it_back() -> None:
+    import threading
+
+    from muralist_runtime.work.claims import ClaimClient, ClaimServer
+
+    with ClaimServer(0) as server:
+        clients = [ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) for _ in range(2)]
+        try:
+            for chunk in range(200):
+                start = threading.Barrier(2)
+                won: list[int] = []
+
+                def race(group: int, chunk: int = chunk, start: threading.Barrier = start,
+                         won: list[int] = won) -> None:
+                    start.wait()
+                    if chunks._take(clients[group], chunk, group):
+                        won.append(group)
+
+                if chunk % 2:  # handed back: "0", as a release leaves it; else never owned: ""
+                    clients[0].add(f"owner/{chunk}", 0)
+                threads = [threading.Thread(target=race, args=(g,)) for g in range(2)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                assert len(won) == 1, f"chunk {chunk}: {len(won)} owners"
+                assert chunks.owner(clients[0], chunk) == won[0]
+                assert chunks.release(clients[won[0]], chunk, won[0]), "the winner can hand it back"
+                assert chunks._take(clients[1 - won[0]], chunk, 1 - won[0]), "and the other can take it then"
+        finally:
+            for client in clients:
+                client.close()
+
+
+def test_a_counted_chunk_whose_entry_was_lost_is_put_back_by_the_merges_wait() -> None:
+    from muralist_runtime.work.claims import ClaimClient, ClaimServer
+
+    with ClaimServer(0) as server, ClaimClient("127.0.0.1", server.port, chunks.NAMESPACE) as store:
+        tally = chunks.Tally(store, counts_of=lambda c: (2, 0, []))
+        tally.finished(0, 2, 0)
+        send = store.append
+        store.append = lambda name, text: None  # type: ignore[method-assign]  # chunk 1's entry is lost
+        tally.finished(1, 2, 0)
+        store.append = send  # type: ignore[method-assign]
+        assert tally.records() == {0: (2, 0)} and tally.hints().chunks == 2
+        waits: list[float] = []
+        tally.wait_all(2, bound=60, sleep=waits.append)
+        assert tally.records() == {0: (2, 0), 1: (2, 0)}
+        assert len(waits) == 1, "put back at once: every chunk was counted"

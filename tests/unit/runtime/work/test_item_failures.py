@@ -113,6 +113,9 @@ def test_no_item_completed_is_read_once_the_chunk_is_counted() -> None:
             def append(self, name: str, text: str) -> None:
                 store.append(name, text)
 
+            def compare_set(self, name: str, expected: str, desired: str) -> str:
+                return store.compare_set(name, expected, desired)
+
         seen = chunks.Tally(Interleaved()).finished(0, 0, 4)  # type: ignore[arg-type]
     assert seen == JobTally(chunks=4, completed=4, failed=12)
     assert chunk_verdict(seen, RunPolicy(max_failed_items="100%"), 1000) is None
