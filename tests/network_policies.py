@@ -6,13 +6,17 @@ list namespaces), and the API server's own label matching says which pods it nam
 of the NetworkPolicy API applied here: a policy selects pods of its own namespace; a peer with a
 podSelector alone names pods of the policy's namespace, with a namespaceSelector too, pods of the
 namespaces it selects; an ingress rule without `from` admits anyone, one without `ports`
-every port.
+every port. For egress (`egress_denied`, what tests/progress_poster.py obeys), only what a
+destination outside the cluster needs: a pod selected by a policy with Egress in its
+policyTypes may connect only where an egress rule without `to` lets it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+from kubernetes import client
 
 Pod = tuple[str, str]  # (namespace, name)
 ANYONE = "anyone"
@@ -63,3 +67,17 @@ def admitted(core_v1: Any, policy: dict[str, Any], among: Iterable[str], port: i
                 namespaces = {policy["metadata"]["namespace"]} & among
             found |= pods_matching(core_v1, namespaces, peer.get("podSelector") or {})
     return found
+
+
+def egress_denied(core_v1: Any, namespace: str, pod: str, port: int | None = None) -> bool:
+    """Whether the policies of the pod's namespace deny it a connection to an address outside the
+    cluster (the operator of these tests listens on this machine): a policy with Egress in its
+    policyTypes selects it, and none of those policies has an egress rule without `to` (for `port`)."""
+    networking = client.NetworkingV1Api(core_v1.api_client)
+    limiting = [p for p in (core_v1.api_client.sanitize_for_serialization(raw)
+                            for raw in networking.list_namespaced_network_policy(namespace).items)
+                if "Egress" in (p["spec"].get("policyTypes") or []) and (namespace, pod) in selected(core_v1, p)]
+    if not limiting:
+        return False
+    return not any("to" not in rule and _port_matches(rule, port)
+                   for policy in limiting for rule in policy["spec"].get("egress") or [])

@@ -41,11 +41,12 @@ def index_progress(index: int = 0, done: int = 0, total: int = 10, last: datetim
 
 def progress(*indexes: IndexProgress, total: int = 10, ips: float | None = None,
              eta: int | None = None, refused_since: datetime | None = None,
-             last_error: PostError | None = None) -> JobProgress:
-    """The job's last accepted post is its indexes' latest (`posted`)."""
+             last_error: PostError | None = None, reachable_since: datetime | None = None) -> JobProgress:
+    """The job's last accepted post is its indexes' latest (`posted`); its posts resumed after a
+    break at `reachable_since` (None: no break)."""
     done = sum(i.done for i in indexes)
     last_post = max((i.posted_at for i in indexes if i.posted_at is not None), default=None)
     return JobProgress(completed=done, failed=0, total=total, percent=round(100 * done / total, 1) if total else None,
                        images_per_second=ips, estimated_seconds_remaining=eta, ranks=len(indexes),
                        indexes={i.index: i for i in indexes}, last_post=last_post, last_error=last_error,
-                       refused_since=refused_since)
+                       refused_since=refused_since, reachable_since=reachable_since)

@@ -27,7 +27,7 @@ REASON_CHILD_RESTORED = "ChildRestored"
 REASON_EARLIER_JOB = "EarlierJobDeleting"
 
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Complete", "Failed", "Ready", "Stalled",
-                   "PodsNotStarting")
+                   "PodsNotStarting", "ProgressUnreachable")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from muralist_api import GROUP, PLURAL, VERSION
+from urllib3.exceptions import HTTPError
 from urllib3.util.retry import Retry
 
 from muralist_operator.decision import parse_time
@@ -281,8 +282,8 @@ class Kube:
         }
         try:
             _unread(self.core.create_namespaced_event, meta["namespace"], event)
-        except ApiException as e:  # an event lost is not worth failing a reconcile
-            log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)
+        except (ApiException, HTTPError, OSError) as e:  # an event lost is not worth failing a reconcile
+            log.warning("could not post event %s for %s: %s", reason, meta["name"], getattr(e, "reason", None) or e)
 
     @staticmethod
     def _ignore(status: int, fn: Any, *args: Any, **kwargs: Any) -> None:

@@ -160,6 +160,7 @@ def decide(
     decision = _decide_running(t, job, observed, now)
     if st.phase in TERMINAL_PHASES:
         finish_progress(st)
+        stall.reachability(t, None)  # no pod waits for its posts any more
     return decision
 
 
@@ -181,6 +182,8 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
     if current.deleting:
         t.phase(Phase.PENDING, "JobDeleted", "the Job is being deleted; it is created again once it is gone")
         return t.decision
+    # Whether the pods' posts still arrive: silence is not a stall (policies/stall.py).
+    silent = stall.reachability(t, stall.unreachable(job.spec, observed.progress, pods, now))
 
     # 4. What the job owns besides its Job: one that is gone is created again (its isolation, its
     #    pods' names and spec depend on them).
@@ -241,11 +244,11 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
     reason, message = _running_message(job, indexes, running)
     if running + done >= par.nodes or current.ready >= par.nodes or st.phase == Phase.RUNNING:
         # Once running, a job stays Running while single indexes are retried or wait for Kueue.
-        t.phase(Phase.RUNNING, reason, message + _gated_note(job, indexes, running) + note)
+        t.phase(Phase.RUNNING, reason, message + _gated_note(job, indexes, running) + note + silent)
     else:
         t.phase(Phase.PENDING, "Starting" if reason == "Running" else reason,
                 (f"{running}/{par.nodes} pod(s) running" if reason == "Running" else message)
-                + _gated_note(job, indexes, running) + note)
+                + _gated_note(job, indexes, running) + note + silent)
     return t.decision
 
 

@@ -130,6 +130,7 @@ class Progress:
             limits=progress_limits(self.args), is_active=is_active, job_exists=reconciler.job_exists,
             interval=lambda _ns, _job: reconciler.aggregator.suggested_interval(),
             lookups_block=False,  # the pod lookup and job_exists read kopf's indexes: memory only
+            on_refusal=reconciler.on_refusal,
         ).start()
         log.info("progress endpoint on port %d; pods post to %s", self.server.port, self.url)
 

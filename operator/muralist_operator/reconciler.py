@@ -4,13 +4,22 @@ Every trigger (handlers.py: kopf's watches and indexes) runs the same level-base
 `Reconciler.reconcile`: the DiffusionJob changing, one of its children changing (watched with
 label selectors, so the API server sends only those labelled as a job's; `observe` counts only
 those the job owns, by uid), a pod's pushed progress that changed
-the counts (throttled per job by the aggregator), or the clock: for deadlines and TTL every
-tick, for stall detection when a pod could be over its timeout (every running job has one), and
-for pods that have not started when one is due to be named or timed out (policies.start).
-Children are read from kopf's in-memory indexes, and the job itself from the latest
-body its watch or our own status write returned (only the operator writes status, so that one
-is current): a reconcile costs no read, and the watch event that echoes our own status write
-costs nothing. Every minute each job is read again (in case an event was missed).
+the counts (throttled per job by the aggregator), or the clock. Children are read from kopf's
+in-memory indexes, and the job itself from the latest body its watch or our own status write
+returned (only the operator writes status, so that one is current): a reconcile costs no read,
+and the watch event that echoes our own status write costs nothing.
+
+The clock (`run_clock`) reconciles a job only when something about it moves with time alone:
+each reconcile ends by saying when that is next (`_track`: the deadline, the TTL, when a pod
+could pass its stall timeout or the job's posts could fall silent, when a pod that has not
+started is due to be named or timed out (policies.start), any `Decision.check_again_at`, and
+counts waiting for the status-write throttle), and the job waits in a priority queue
+(schedule.py) until then. A finished job without a TTL is not in it at all. A reconcile that
+fails (the API server away: every call has a timeout, kube.py) is tried again with backoff. No
+sweep re-reads every job: kopf's watches resume from their last resourceVersion and list again
+when the API server no longer has it, and each object of a listing reaches the handlers. The
+clock hands its reconciles to a few worker threads, so a hung call holds one of them for its
+timeout, never the clock.
 """
 
 from __future__ import annotations
@@ -19,14 +28,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from muralist_api.contract.progress import ProgressReport
 from muralist_api.job import DiffusionJob
 from muralist_api.rules.problems import ValidationProblem, parse_job
 from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus
 from pydantic import ValidationError
+from urllib3.exceptions import HTTPError
 
 from muralist_operator import metrics
 from muralist_operator.decision import (
@@ -49,16 +61,20 @@ from muralist_operator.decision import (
 from muralist_operator.kube import Kube, NameHeld, NameTaken
 from muralist_operator.lifecycle import decide
 from muralist_operator.observe import ChildView, JobView, Observed, PodView, WarningEvent
-from muralist_operator.policies import stall, start
+from muralist_operator.policies import deadline, stall, start, ttl
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import PodInfo
 from muralist_operator.render import Children, child_names, render_children
+from muralist_operator.schedule import Schedule, backoff
 from muralist_operator.settings import OperatorSettings
 
 log = logging.getLogger("muralist.operator")
 Key = tuple[str, str]
-CLOCK_SECONDS = 2.0
-RESYNC_SECONDS = 60.0
+# The clock thread's chores (peering, certificate renewal) run at least this often; reconciles
+# run when due, whatever this says.
+CHORE_SECONDS = 2.0
+# Reconciles the clock runs at once: a call that hangs until its timeout holds one of them.
+CLOCK_WORKERS = 4
 CREATE_GRACE_SECONDS = 10.0
 # How soon a job whose child's name an earlier job's object still holds tries again (each of their
 # deletions is an event that tries too).
@@ -98,14 +114,19 @@ class Reconciler:
         # and how many triggers wait for each job's lock.
         self.bodies: dict[Key, dict[str, Any]] = {}
         self._waiting: dict[Key, int] = {}
-        # Every DiffusionJob seen (resynced now and then, in case an event was missed), and
-        # those that need the clock: a deadline, a stall timeout or a TTL.
+        # Every DiffusionJob seen, and when the clock reconciles each one next (monotonic; only
+        # those with something timed: see _track).
         self.known: set[Key] = set()
-        self.clocked: set[Key] = set()
-        # When each running job's stall check is due next (monotonic): every job has a stall
-        # timeout, so checking each one every tick would cost a reconcile per job per tick. The
-        # same wake-up serves policies.start (a pod to name, or past its start timeout).
-        self.stall_checks: dict[Key, float] = {}
+        self.schedule: Schedule[Key] = Schedule()
+        # Reconciles that failed in a row, by job (the backoff of its next try), and the jobs
+        # whose status write failed: their next reconcile reads them first.
+        self._failures: dict[Key, int] = {}
+        self._unsure: set[Key] = set()
+        # The jobs the clock is reconciling now, and whether one is due again once that is done.
+        self._clocking: dict[Key, bool] = {}
+        # Jobs whose next accepted post decides something (stall.awaits_post: it clears
+        # ProgressUnreachable, or shows a quiet pod stalled): that post wakes them.
+        self.awaiting_post: set[Key] = set()
         # When we last created a job's children: the index may not show the Job for a moment,
         # and the burst of events right after a creation should not create it again.
         self.created: dict[Key, float] = {}
@@ -114,7 +135,7 @@ class Reconciler:
         self.start_clocks: dict[Key, dict[str, datetime | None]] = {}
         # The Warning events last read for a job's pods that do not start: (when, about which, what).
         self.warnings: dict[Key, tuple[float, tuple[str, ...], dict[str, WarningEvent]]] = {}
-        self.wake = threading.Event()
+        self.wake = self.schedule.wake  # set when a job becomes due earlier than any other
         # Things the clock thread does besides reconciling (TLS renewal, peering checks).
         self.chores: list[Callable[[], None]] = []
 
@@ -165,8 +186,20 @@ class Reconciler:
         key = (namespace, job)
         before = self.aggregator.next_due(key)
         self.aggregator.record(key, report)
-        if before is None and self.aggregator.next_due(key) is not None:
-            self.wake.set()
+        after = self.aggregator.next_due(key)
+        if key in self.awaiting_post:
+            self.awaiting_post.discard(key)
+            self.schedule.at(key, time.monotonic())
+        elif before is None and after is not None:
+            self.schedule.at(key, time.monotonic() + after)
+
+    def on_refusal(self, namespace: str, job: str, status: int, reason: str) -> None:
+        """A post the endpoint refused for a job (or could not check): the job's last error, which
+        status shows once its posts stop (memory only, like `on_report`); a job that says so
+        already is woken when the error is a new one."""
+        key = (namespace, job)
+        if self.aggregator.refused(key, status, reason) and key in self.awaiting_post:
+            self.schedule.at(key, time.monotonic())
 
     # -- one reconcile -----------------------------------------------------------------------
 
@@ -272,7 +305,8 @@ class Reconciler:
         """Reconcile from the latest known DiffusionJob (its watch events and our own status
         writes keep it current: only we write status), or GET it when unknown or `fresh`.
         A trigger that finds another one already waiting for this job returns at once: the
-        waiting one reads everything after it gets its turn."""
+        waiting one reads everything after it gets its turn. One that fails is tried again by
+        the clock, after a backoff that grows with each failure in a row."""
         key = (namespace, name)
         with self._locks_guard:
             if self._waiting.get(key) and not fresh:
@@ -282,19 +316,31 @@ class Reconciler:
         with lock, metrics.RECONCILE_SECONDS.time():
             with self._locks_guard:
                 self._waiting[key] = self._waiting.get(key, 1) - 1
-                body = None if fresh else self.bodies.get(key)
-            if body is None:
-                body = self.kube.get_diffusion_job(namespace, name)
+                body = None if fresh or key in self._unsure else self.bodies.get(key)
+            try:
                 if body is None:
-                    self.forget(key)
-                    return
-                self._remember_body(key, body)
-            self._reconcile(key, body)
+                    body = self.kube.get_diffusion_job(namespace, name)
+                    if body is None:
+                        self.forget(key)
+                        return
+                    self._remember_body(key, body)
+                    self._unsure.discard(key)
+                self._reconcile(key, body)
+            except Exception:
+                self._retry_later(key)
+                raise
+            self._failures.pop(key, None)
+
+    def _retry_later(self, key: Key) -> None:
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        self.schedule.at(key, time.monotonic() + backoff(failures))
 
     def forget(self, key: Key) -> None:
         self.known.discard(key)
-        self.clocked.discard(key)
-        self.stall_checks.pop(key, None)
+        self.awaiting_post.discard(key)
+        self._unsure.discard(key)
+        self.schedule.drop(key)
+        self._failures.pop(key, None)
         self.created.pop(key, None)
         self.start_clocks.pop(key, None)
         self.warnings.pop(key, None)
@@ -354,7 +400,9 @@ class Reconciler:
                 written = self.kube.patch_status(key[0], key[1], new_status)
             except Exception:
                 self.aggregator.mark_dirty(key)
-                self._remember_body(key, None)  # read it again next time
+                # Read it again next time (the write may have landed after all); until then the
+                # body stays what the progress endpoint's lookups read (workers_uid).
+                self._unsure.add(key)
                 raise
             self._remember_body(key, written)
             self.aggregator.written(key, changes_seen)
@@ -444,67 +492,87 @@ class Reconciler:
 
     def _track(self, key: Key, job: DiffusionJob | None, decision: Decision, observed: Observed | None,
                now: datetime) -> None:
+        """When the clock reconciles this job next: the earliest moment a verdict could change with
+        time alone (the queue forgets a job with none), or sooner when its counts wait to be written."""
         phase = decision.status.phase
         metrics.observe_phase(key, str(phase))
-        self.stall_checks.pop(key, None)
-        if job is None:
-            self.clocked.discard(key)
-            return
-        policy = job.spec.run_policy
-        if phase in TERMINAL_PHASES:
-            needs_clock = policy.ttl_seconds_after_finished is not None
+        dues = [decision.check_again_at]
+        awaiting_post = False
+        if job is not None:
+            policy = job.spec.run_policy
+            if phase in TERMINAL_PHASES:
+                dues.append(ttl.due(decision.status, policy))
+            else:
+                dues.append(deadline.due(decision.status, policy))
+                if observed is not None:
+                    dues.append(stall.next_check(job.spec, observed.progress, observed.pods, now))
+                    awaiting_post = stall.awaits_post(job.spec, observed.progress, observed.pods, now)
+                    # (policies.start asks through check_again_at: a pod to name, or past its start timeout)
+        if awaiting_post:
+            self.awaiting_post.add(key)
         else:
-            needs_clock = bool(policy.active_deadline_seconds)
-            due = stall.next_check(job.spec, observed.progress, observed.pods, now) if observed is not None else None
-            if observed is not None:  # the same wake-up serves pods that do not start
-                found = start.waiting(observed.pods, observed.job, observed.events, observed.start_clocks, now)
-                due = min((d for d in (due, start.next_check(found, policy, now)) if d is not None), default=None)
-            if due is not None:
-                self.stall_checks[key] = time.monotonic() + (due - now).total_seconds()
-        if needs_clock:
-            self.clocked.add(key)
-        else:
-            self.clocked.discard(key)
+            self.awaiting_post.discard(key)
+        due = min((d for d in dues if d is not None), default=None)
+        clock = time.monotonic()
+        self.schedule.replace(key, None if due is None else clock + max(0.0, (due - now).total_seconds()))
+        # After the replace: a report that lands meanwhile schedules its write itself (on_report).
+        pending = self.aggregator.next_due(key)
+        if pending is not None:
+            self.schedule.at(key, clock + pending)
 
-    def safe_reconcile(self, namespace: str, name: str, fresh: bool = False) -> None:
+    def safe_reconcile(self, namespace: str, name: str) -> None:
         try:
-            self.reconcile(namespace, name, fresh=fresh)
-        except Exception:  # the clock must keep ticking for every other job
+            self.reconcile(namespace, name)
+        except (ApiException, HTTPError, OSError) as e:  # the API server away or refusing: one line
+            when = self.schedule.when((namespace, name))
+            again = f"; tried again in {max(0.0, when - time.monotonic()):.0f}s" if when is not None else ""
+            log.warning("reconcile of %s/%s failed: %s%s", namespace, name, e, again)
+        except Exception:  # the clock must keep ticking for every other job (this one is retried)
             log.exception("reconcile of %s/%s failed", namespace, name)
 
     # -- the clock thread --------------------------------------------------------------------
 
     def run_clock(self, stop: threading.Event) -> None:
-        """Deadlines, stall timeouts and TTLs are about time, not events: tick for those jobs;
-        write the progress of jobs whose counts changed, at most once per write interval each;
-        now and then resync every job in case an event was missed. Nothing while another
-        replica reconciles (kopf's peering pause)."""
-        last_tick = last_resync = time.monotonic()
-        while not stop.is_set():
-            self._chores()
-            self.wake.clear()  # before looking: a report from now on wakes the wait below
-            wait = CLOCK_SECONDS - (time.monotonic() - last_tick)
-            dues = [d for d in (self.aggregator.next_due(k) for k in self.aggregator.jobs()) if d is not None]
-            if dues:
-                wait = min(wait, min(dues))
-            if wait > 0:
-                self.wake.wait(wait)
-                if stop.is_set():
+        """Reconcile each job when it is due (the schedule), on CLOCK_WORKERS threads; run the
+        chores in between. Nothing while another replica reconciles (kopf's peering pause) or
+        before kopf has listed: the jobs due meanwhile wait their turn."""
+        pool = ThreadPoolExecutor(CLOCK_WORKERS, thread_name_prefix="muralist-clock-reconcile")
+        try:
+            while not stop.is_set():
+                self._chores()
+                self.wake.clear()  # before looking: a job due earlier from now on wakes the wait below
+                ready = self.listed and self.is_active()
+                due = self.schedule.next_due() if ready else None
+                wait = CHORE_SECONDS if due is None else min(CHORE_SECONDS, due - time.monotonic())
+                if wait > 0:
+                    self.wake.wait(wait)
+                    if stop.is_set():
+                        return
+                if not (self.listed and self.is_active()):
+                    continue
+                for key in self.schedule.pop_due(time.monotonic()):
+                    self._dispatch(pool, key)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _dispatch(self, pool: ThreadPoolExecutor, key: Key) -> None:
+        """Reconcile `key` on the pool; if it is being reconciled by the clock already, once more
+        after that (never two of the pool's threads on one job)."""
+        with self._locks_guard:
+            if key in self._clocking:
+                self._clocking[key] = True
+                return
+            self._clocking[key] = False
+        pool.submit(self._reconcile_due, key)
+
+    def _reconcile_due(self, key: Key) -> None:
+        while True:
+            self.safe_reconcile(*key)
+            with self._locks_guard:
+                if not self._clocking.get(key):
+                    self._clocking.pop(key, None)
                     return
-            if not self.listed or not self.is_active():
-                last_tick = time.monotonic()
-                continue  # kopf has not listed yet, or another replica reconciles
-            keys = {k for k in self.aggregator.jobs() if self.aggregator.next_due(k) == 0 and k in self.known}
-            if time.monotonic() - last_tick >= CLOCK_SECONDS:
-                keys |= self.clocked
-                keys |= {k for k, due in list(self.stall_checks.items()) if due <= time.monotonic()}
-                last_tick = time.monotonic()
-            resync: set[Key] = set()
-            if time.monotonic() - last_resync > RESYNC_SECONDS:
-                resync = set(self.known)  # read again: in case an event was missed
-                last_resync = time.monotonic()
-            for namespace, name in sorted(keys | resync):
-                self.safe_reconcile(namespace, name, fresh=(namespace, name) in resync)
+                self._clocking[key] = False
 
     def _chores(self) -> None:
         for chore in self.chores:

@@ -1,65 +1,27 @@
 """Pushed progress end to end through the operator under test: its HTTPS endpoint, TokenReview,
 the pod check against its kopf index, the aggregator, the status it writes, and stall detection
 from the reports. Each pod's posts are made here as the runtime's poster makes them, with the
-URL, CA and token the pod is given (tests/cluster/test_pod_e2e.py runs the real runtime)."""
+URL, CA and token the pod is given (tests/progress_poster.py; tests/cluster/test_pod_e2e.py runs
+the real runtime)."""
 
 from __future__ import annotations
 
-import json
-import ssl
-import urllib.error
-import urllib.request
+import subprocess
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from kubernetes import client
 from muralist_api import contract
 
 from tests.builders import make_job
 from tests.kube_helpers import fate_annotations, set_pod_fate, wait_for
 from tests.operator_helpers import DJ, pod_index
+from tests.progress_poster import Blocked, Poster
 
 pytestmark = pytest.mark.cluster
-
-
-def stamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-class Poster:
-    """One pod's poster: its URL, CA and a token bound to it, as the kubelet would mount them."""
-
-    def __init__(self, dj: DJ, pod: Any, audience: str = contract.PROGRESS_AUDIENCE, as_pod: Any = None):
-        env = {e.name: e.value for e in pod.spec.containers[0].env if e.value is not None}
-        self.url = env[contract.MURALIST_PROGRESS_URL]
-        job = pod.metadata.labels["muralist.dev/job-name"]
-        ca = dj.core.read_namespaced_config_map(f"{job}-spec", dj.ns).data[contract.PROGRESS_CA_KEY]
-        self.ctx = ssl.create_default_context(cadata=ca)
-        bound = as_pod or pod
-        spec = {"audiences": [audience], "expirationSeconds": contract.PROGRESS_TOKEN_SECONDS,
-                "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": bound.metadata.name,
-                                   "uid": bound.metadata.uid}}
-        self.token = dj.core.create_namespaced_service_account_token("default", dj.ns, {"spec": spec}).status.token
-        self.pod, self.index = bound.metadata.name, pod_index(bound)
-
-    def post(self, completed: int, total: int, step: datetime | None = None, done: bool = False,
-             token: str | None = "mine", loading: bool = False) -> tuple[int, Any]:
-        now = datetime.now(UTC)
-        body = {"pod": self.pod, "index": self.index, "attempt": 0, "ranks": 1, "completed": completed,
-                "skipped": 0, "failed": 0, "total": total,
-                "lastStepTime": None if loading else stamp(step or now),
-                "lastImageTime": None if loading else stamp(step or now), "sentAt": stamp(now), "final": False,
-                "done": done}
-        headers = {"Content-Type": "application/json"}
-        if token is not None:
-            headers["Authorization"] = f"Bearer {self.token if token == 'mine' else token}"
-        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, context=self.ctx, timeout=10) as resp:
-                text = resp.read()
-                return resp.status, json.loads(text) if text else None
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
 
 
 def running(name: str, nodes: int, **policy: Any) -> dict[str, Any]:
@@ -127,3 +89,100 @@ def test_a_pod_that_stops_stepping_is_retried_alone(dj: DJ) -> None:
         set_pod_fate(dj.core, p.metadata.name, dj.ns, "succeed", after="100ms")
     done = dj.wait_phase("stall", "Succeeded")
     assert done["restarts"] == 1 and done["progress"]["summary"] == "10/10"
+
+
+class Posting:
+    """The pods' posters at work: each posts every second, as the runtime does (every few), until
+    stopped; `step(i)` says whether pod i's ranks step (else its last step stays where it was)."""
+
+    def __init__(self, posters: dict[int, Poster], token: Callable[[int], str | None] = lambda i: "mine") -> None:
+        self.posters, self.token = posters, token
+        self.stepping: dict[int, bool] = dict.fromkeys(posters, True)
+        self.last_step = {i: datetime.now(UTC) for i in posters}
+        self.answers: dict[int, int | str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.completed = 1
+
+    def __enter__(self) -> Posting:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.completed = min(self.completed + 1, 9)
+            for i, poster in self.posters.items():
+                if self.stepping[i]:
+                    self.last_step[i] = datetime.now(UTC)
+                try:
+                    self.answers[i] = poster.post(self.completed if self.stepping[i] else 1, 10,
+                                                  step=self.last_step[i], token=self.token(i))[0]
+                except Blocked:
+                    self.answers[i] = "blocked"
+                except OSError as e:
+                    self.answers[i] = repr(e)
+            self._stop.wait(1.0)
+
+
+NFS_OUTPUT = {"volume": {"nfs": {"server": "nfs.example", "path": "/results"}}}
+
+
+def unreachable(status: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c["type"] == "ProgressUnreachable"), None)
+
+
+def test_progress_posts_blocked_by_a_network_policy_give_progress_unreachable_and_no_pod_is_deleted(
+        dj: DJ, control_plane: Any) -> None:
+    job = running("quiet", nodes=2, stallTimeoutSeconds=10)
+    job["spec"]["output"] = NFS_OUTPUT  # shared by the pods, and kwok runs them (it mounts nothing)
+    dj.create(job)
+    pods = {pod_index(p): p for p in dj.wait_pods("quiet", 2)}
+    posters = {i: Poster(dj, p) for i, p in pods.items()}
+    for p in posters.values():
+        assert wait_for(lambda p=p: p.post(1, 10)[0] == 204, timeout=30, message="the first post accepted")
+    networking = client.NetworkingV1Api(dj.core.api_client)
+    wrong_audience = {i: p.token_for("https://kubernetes.default.svc", pods[i]) for i, p in posters.items()}
+    tokens: dict[int, str | None] = dict.fromkeys(posters, "mine")
+    with Posting(posters, token=lambda i: tokens[i]) as posting:
+        wait_for(lambda: dj.status("quiet")["progress"]["completed"] >= 4, timeout=30, message="posts counted")
+        # A NetworkPolicy of the namespace denies the job's pods every egress: their posts stop.
+        networking.create_namespaced_network_policy(dj.ns, {
+            "metadata": {"name": "no-egress"},
+            "spec": {"podSelector": {"matchLabels": {"muralist.dev/job-name": "quiet"}}, "policyTypes": ["Egress"]}})
+        wait_for(lambda: set(posting.answers.values()) == {"blocked"}, timeout=10, message="posts blocked")
+        silent = wait_for(lambda: (s := dj.status("quiet")) and (c := unreachable(s)) and c["status"] == "True" and s,
+                          timeout=60, message="ProgressUnreachable")
+        condition = unreachable(silent)
+        assert condition is not None and "no post of the job reached the progress endpoint" in condition["message"]
+        assert "check NetworkPolicies" in condition["message"]
+        assert silent["phase"] == "Running" and silent.get("restarts", 0) == 0
+        assert "progress unreachable: no post accepted since" in silent["message"]
+        dj.wait_events("quiet", "ProgressUnreachable")
+        # kubectl shows it where it shows reasons (the message column).
+        wide = subprocess.run([str(control_plane.bin_dir / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig),
+                               "-n", dj.ns, "get", "dj", "quiet", "-o", "wide"],
+                              capture_output=True, text=True, check=True, timeout=30).stdout
+        assert "progress unreachable" in wide
+
+        # The policy goes, but the pods' tokens are now refused (a token projection for another
+        # audience): the posts arrive and are refused, and the condition names the error.
+        tokens.update(wrong_audience)
+        networking.delete_namespaced_network_policy("no-egress", dj.ns)
+        refused = wait_for(lambda: (c := unreachable(dj.status("quiet"))) and "401 token" in c["message"] and c,
+                           timeout=30, message="the refusal in the condition")
+        assert refused["status"] == "True" and "the last post the progress endpoint refused" in refused["message"]
+        wait_for(lambda: set(posting.answers.values()) == {401}, timeout=10, message="every post refused")
+
+        # Accepted again: the condition clears; nothing was deleted all along.
+        tokens.update(dict.fromkeys(posters, "mine"))
+        cleared = wait_for(lambda: (c := unreachable(dj.status("quiet"))) and c["status"] == "False" and c,
+                           timeout=30, message="ProgressUnreachable cleared")
+        assert cleared["reason"] == "ProgressReceived"
+    dj.wait_events("quiet", "ProgressReceived")
+    after = dj.status("quiet")
+    assert after["phase"] == "Running" and after.get("restarts", 0) == 0 and "Stalled" not in dj.events("quiet")
+    assert {pod_index(p): p.metadata.uid for p in dj.pods("quiet")} == {i: p.metadata.uid for i, p in pods.items()}

@@ -30,9 +30,15 @@ longer trust, TokenReview failing): deleting every pod then would only burn maxR
   looks the same as one still starting, and a pod's stall clock starts at its first step
   anyway. The condition clears (ProgressReceived) once a post is accepted again, or no pod
   runs with work left.
-- A pod that keeps posting without stepping is stalled, as is a silent pod among pods that
-  post: the endpoint is evidently reachable from the job's pods, so this one is stuck (or its
-  own node's network is, which a retry elsewhere fixes as well as anything).
+- A pod is stalled once it has gone the timeout without a step and a post of the job was
+  accepted after that: the posts kept arriving. So a pod that keeps posting without stepping
+  is stalled, as is a silent pod among pods that post: the endpoint is evidently reachable from
+  the job's pods, so this one is stuck (or its own node's network is, which a retry elsewhere
+  fixes as well as anything). A pod over the timeout with no post of the job since waits: for
+  the next post (`awaits_post`: the reconciler wakes the job with it), or for the silence to
+  last the timeout. After a break in the job's posts (progress.aggregate: `reachable_since`)
+  each pod's clock starts again where the posts resumed: when a blocked endpoint comes back,
+  the pod whose post arrives first does not make the others look stalled.
 """
 
 from __future__ import annotations
@@ -129,35 +135,62 @@ def _timed(progress: JobProgress, pods: list[PodView]) -> list[tuple[PodView, da
     return found
 
 
+def _clock_start(progress: JobProgress, last_step: datetime) -> datetime:
+    """Where a pod's stall clock starts: its last step, or the end of a break in the job's posts
+    after it (the pod gets the whole timeout to be heard from again)."""
+    resumed = progress.reachable_since
+    return last_step if resumed is None else max(last_step, resumed)
+
+
+def _over(spec: DiffusionJobSpec, progress: JobProgress, pods: list[PodView],
+          now: datetime) -> list[tuple[PodView, int, bool]]:
+    """The running pods that have gone the timeout without a step: (pod, seconds without a step,
+    whether a post of the job was accepted after the timeout had passed for it)."""
+    limit = timeout(spec, progress)
+    found = []
+    for pod, last in _timed(progress, pods):
+        start = _clock_start(progress, last)
+        if (now - start).total_seconds() > limit:
+            heard = progress.last_post is not None and progress.last_post > start + timedelta(seconds=limit)
+            found.append((pod, int((now - last).total_seconds()), heard))
+    return found
+
+
 def stalled(spec: DiffusionJobSpec, progress: JobProgress | None, pods: list[PodView], now: datetime) -> list[Stalled]:
-    """The running pods over the timeout, quietest first; none while the job's posts do not arrive."""
+    """The running pods over the timeout while the job's posts kept arriving, quietest first."""
     if progress is None or unreachable(spec, progress, pods, now) is not None:
         return []
-    limit = timeout(spec, progress)
-    default = spec.run_policy.stall_timeout_seconds is None
-    found: list[Stalled] = []
-    for pod, last in _timed(progress, pods):
-        quiet = int((now - last).total_seconds())
-        if quiet > limit:
-            found.append(Stalled(pod, quiet, limit, default))
+    limit, default = timeout(spec, progress), spec.run_policy.stall_timeout_seconds is None
+    found = [Stalled(pod, quiet, limit, default) for pod, quiet, heard in _over(spec, progress, pods, now) if heard]
     return sorted(found, key=lambda s: (-s.quiet, s.pod.index))
+
+
+def awaits_post(spec: DiffusionJobSpec, progress: JobProgress | None, pods: list[PodView], now: datetime) -> bool:
+    """Whether the job's next accepted post decides something: it clears ProgressUnreachable, or
+    shows that a pod over the timeout is stalled (posts arrive, its steps do not)."""
+    if progress is None:
+        return False
+    return unreachable(spec, progress, pods, now) is not None or any(
+        not heard for _, _, heard in _over(spec, progress, pods, now))
 
 
 def next_check(spec: DiffusionJobSpec, progress: JobProgress | None, pods: list[PodView],
                now: datetime) -> datetime | None:
     """When a pod could next be over the timeout, or the job's posts silent for it (the
     reconciler's wake-up); None while neither can happen, and while the posts are silent already
-    (the next accepted post wakes the job). Progress meanwhile only moves it later: a check that
-    comes early finds nothing and asks again."""
+    (the next accepted post wakes the job: `awaits_post`). Progress meanwhile only moves it
+    later: a check that comes early finds nothing and asks again."""
     if progress is None or unreachable(spec, progress, pods, now) is not None:
         return None
-    times = [last for _, last in _timed(progress, pods)]
+    limit = timeout(spec, progress)
+    times = [_clock_start(progress, last) + timedelta(seconds=limit + 1) for _, last in _timed(progress, pods)]
     since = _silent_since(progress, _working(progress, pods))
     if since is not None:
-        times.append(since)
-    if not times:
+        times.append(since + timedelta(seconds=limit + 1))
+    later = [t for t in times if t > now]  # overdue pods wait for a post (awaits_post) or the silence
+    if not later:
         return None
-    return max(now, min(times) + timedelta(seconds=timeout(spec, progress) + 1))
+    return min(later)
 
 
 def message(found: Stalled) -> str:

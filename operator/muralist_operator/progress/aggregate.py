@@ -15,9 +15,11 @@ multiple of it (policies/stall.py): a model whose steps take minutes is not a st
 
 And whether the pods' posts reach the endpoint at all: when each pod's last post was accepted
 (`posted_at`, on the wall clock: a termination message is no post), the job's last accepted
-post, and the last post the endpoint refused for the job (`refused`: a TokenReview that failed,
-a token or body refused) and since when the refusals have gone on. Stall detection tells a pod
-that stopped stepping from a job whose posts stopped arriving by these (policies/stall.py).
+post, when its posts resumed after their latest break (`reachable_since`: a gap of more than
+BREAK_INTERVALS post intervals between two accepted posts of the job is one), and the last post
+the endpoint refused for the job (`refused`: a TokenReview that failed, a token or body
+refused) and since when the refusals have gone on. Stall detection tells a pod that stopped
+stepping from a job whose posts stopped arriving by these (policies/stall.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ POST_INTERVAL_STEP_SECONDS = 0.5
 _SAMPLE_RESOLUTION = 1.0
 # A refusal's reason is kept this long at most (it names a field of the body, a token's error).
 MAX_ERROR_CHARS = 300
+# No accepted post of a job for this many post intervals (plus BREAK_SLACK_SECONDS) is a break in
+# its posts: each pod posts once an interval, so a job's posts come at least that often.
+BREAK_INTERVALS = 2
+BREAK_SLACK_SECONDS = 2.0
 
 
 def _utc_now() -> datetime:
@@ -106,6 +112,9 @@ class JobProgress:
     slowest_gap_seconds: float | None = None
     # When a post of the job's pods was last accepted (any pod); None: none since this operator started.
     last_post: datetime | None = None
+    # When the job's posts resumed after their latest break (None: no break since its first post
+    # this operator accepted).
+    reachable_since: datetime | None = None
     # The last post refused for the job, and when the refusals began (None once a post is accepted).
     last_error: PostError | None = None
     refused_since: datetime | None = None
@@ -167,6 +176,7 @@ class _Job:
     last_write: float | None = None
     slowest_gap: float | None = None
     last_post: datetime | None = None
+    reachable_since: datetime | None = None
     last_error: PostError | None = None
     refused_since: datetime | None = None
 
@@ -242,11 +252,16 @@ class Aggregator:
         `posted`: it came as a post the endpoint accepted (not from a termination message)."""
         now = self._clock() if now is None else now
         posted_at = self._wall() if posted else None
+        interval = self._interval  # read once, without the lock (suggested_interval takes it)
+        allowed_gap = BREAK_INTERVALS * (interval[1] if interval else DEFAULT_POST_INTERVAL_SECONDS) + \
+            BREAK_SLACK_SECONDS
         with self._lock:
             state = self._jobs.get(job)
             if state is None:
                 state = self._jobs[job] = _Job(first_seen=now)
             if posted_at is not None:  # stale or not, it reached us: the endpoint is reachable
+                if state.last_post is not None and (posted_at - state.last_post).total_seconds() > allowed_gap:
+                    state.reachable_since = posted_at
                 state.last_post, state.refused_since = posted_at, None
             slot = state.slots.get(report.index)
             if slot is None:
@@ -279,17 +294,21 @@ class Aggregator:
                 state.changes += 1
             return True
 
-    def refused(self, job: JobKey, status: int, reason: str) -> None:
+    def refused(self, job: JobKey, status: int, reason: str) -> bool:
         """The endpoint refused a post for this job, or could not check it: the job's last error.
-        Only for a job the reconciler has seen (`set_total`): a caller can name any job."""
+        Only for a job the reconciler has seen (`set_total`): a caller can name any job. True when
+        the error differs from the last one (status would say something new)."""
         at = self._wall()
+        reason = reason[:MAX_ERROR_CHARS]
         with self._lock:
             state = self._jobs.get(job)
             if state is None:
-                return
-            state.last_error = PostError(at, status, reason[:MAX_ERROR_CHARS])
+                return False
+            last = state.last_error
+            state.last_error = PostError(at, status, reason)
             if state.refused_since is None:
                 state.refused_since = at
+            return last is None or (last.status, last.reason) != (status, reason)
 
     def set_total(self, job: JobKey, total: int | None) -> None:
         """The job's item count when the operator knows it (otherwise the pods' totals are summed)."""
@@ -388,6 +407,7 @@ class Aggregator:
                 indexes={i: s.view() for i, s in state.slots.items()},
                 slowest_gap_seconds=state.slowest_gap,
                 last_post=state.last_post,
+                reachable_since=state.reachable_since,
                 last_error=state.last_error,
                 refused_since=state.refused_since,
             )

@@ -4,6 +4,7 @@ from pushed progress, and when."""
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +21,7 @@ from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.settings import OperatorSettings
 
 from tests.builders import make_job
+from tests.kube_helpers import wait_for
 from tests.views import NOW, job_view, pod
 
 
@@ -89,20 +91,24 @@ KEY = ("ns", "cats")
 
 
 def post(index: int, completed: int) -> ProgressReport:
+    """A pod's post that has just stepped (no stall check is due for a while)."""
+    now = datetime.now(UTC)
     return ProgressReport(pod=f"cats-{index}-0", index=index, attempt=0, ranks=1, completed=completed, skipped=0,
-                          failed=0, total=10, last_step_time=NOW, last_image_time=NOW, sent_at=NOW, final=False)
+                          failed=0, total=10, last_step_time=now, last_image_time=now, sent_at=now, final=False)
 
 
 def test_counts_are_written_at_most_once_per_interval_and_the_rate_alone_never() -> None:
     r, kube, clock = running_reconciler([pod(0), pod(1)])
     r.on_report("ns", "cats", post(0, 1))
     assert r.wake.is_set()  # the job became due: the clock thread wakes
+    assert r.schedule.when(KEY) is not None and r.schedule.when(KEY) <= time.monotonic()
     r.reconcile(*KEY)
     assert [p["progress"]["completed"] for p in kube.patches] == [1]
     r.wake.clear()
     clock.now += 0.5
     r.on_report("ns", "cats", post(0, 3))
     assert r.wake.is_set()  # changed again: the clock thread sets its timer (due in 0.5 s)
+    assert r.schedule.when(KEY) == pytest.approx(time.monotonic() + 0.5, abs=0.2)
     r.wake.clear()
     r.on_report("ns", "cats", post(1, 1))
     assert not r.wake.is_set()  # already due: no wake-up per post
@@ -140,14 +146,15 @@ def test_every_running_job_gets_a_stall_check_when_a_pod_could_be_over() -> None
     # No stallTimeoutSeconds: the default applies, and the clock thread wakes the job when its
     # quietest pod could pass it (not every tick: every running job has a timeout now).
     r, kube, _ = running_reconciler([pod(0), pod(1)])
-    assert KEY not in r.stall_checks, "no pod has stepped: nothing to time"
+    assert r.schedule.when(KEY) is None, "no pod has stepped: nothing to time"
     quiet = ProgressReport(pod="cats-1-0", index=1, attempt=0, ranks=1, completed=1, skipped=0, failed=0, total=10,
                            last_step_time=datetime.now(UTC) - timedelta(seconds=590), last_image_time=None,
                            sent_at=NOW, final=False)
     r.on_report("ns", "cats", quiet)
     r.reconcile(*KEY)
-    assert kube.stopped == [] and KEY not in r.clocked
-    assert 8 < r.stall_checks[KEY] - time.monotonic() < 12, "due when the default (600 s) has passed"
+    due = r.schedule.when(KEY)
+    assert kube.stopped == [] and due is not None
+    assert 8 < due - time.monotonic() < 12, "due when the default (600 s) has passed"
     r.on_report("ns", "cats", quiet.model_copy(update={"pod": "cats-0-0", "index": 0,
                                                    "last_step_time": datetime.now(UTC) - timedelta(seconds=700)}))
     r.reconcile(*KEY)
@@ -182,3 +189,143 @@ def test_a_report_landing_while_the_reconcile_writes_an_older_snapshot_is_writte
     clock.now += 1.0
     r.reconcile(*KEY)
     assert [p["progress"]["completed"] for p in kube.patches] == [1, 6]
+
+
+# -- the clock: a job is due only when something about it moves with time alone
+
+
+def started(seconds_ago: float) -> str:
+    return (datetime.now(UTC) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def due_in(r: handlers.Reconciler) -> float | None:
+    when = r.schedule.when(KEY)
+    return None if when is None else when - time.monotonic()
+
+
+def test_a_running_job_with_nothing_timed_is_not_in_the_queue_and_its_deadline_is() -> None:
+    r, kube, _ = running_reconciler([pod(0), pod(1)])
+    assert due_in(r) is None, "no deadline, no pod has stepped: the clock never looks at it"
+    kube.body["spec"]["runPolicy"] = {"activeDeadlineSeconds": 100}
+    kube.body["status"]["startTime"] = started(30)
+    kube.body["metadata"]["resourceVersion"] = "100"
+    assert r.seen(KEY, copy.deepcopy(kube.body))
+    r.reconcile(*KEY)
+    assert 68 < (due_in(r) or 0) < 71, "due when the deadline passes, 70 s from now"
+
+
+def test_a_finished_job_is_due_only_for_its_ttl() -> None:
+    r, kube, _ = running_reconciler([pod(0), pod(1)])
+    r.indexes["muralist_jobs"] = {KEY: [job_view(complete=True)]}
+    r.reconcile(*KEY)
+    assert kube.body["status"]["phase"] == "Succeeded" and due_in(r) is None
+    kube.body["spec"]["runPolicy"] = {"ttlSecondsAfterFinished": 60}
+    kube.body["metadata"]["resourceVersion"] = "100"
+    assert r.seen(KEY, copy.deepcopy(kube.body))
+    r.reconcile(*KEY)
+    assert 58 < (due_in(r) or 0) < 61, "due when its time to live ends"
+
+
+def test_a_decision_can_ask_to_be_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    r, _, _ = running_reconciler([pod(0), pod(1)])
+    decide = reconciler_module.decide
+
+    def asking(*args: Any, **kwargs: Any) -> Decision:
+        decision = decide(*args, **kwargs)
+        decision.check_again_at = datetime.now(UTC) + timedelta(seconds=42)
+        return decision
+
+    monkeypatch.setattr(reconciler_module, "decide", asking)
+    r.reconcile(*KEY)
+    assert 40 < (due_in(r) or 0) < 43
+
+
+def test_a_failed_reconcile_is_tried_again_with_growing_backoff() -> None:
+    r, kube, clock = running_reconciler([pod(0), pod(1)])
+    write = kube.patch_status
+
+    def unavailable(*_args: Any) -> Any:
+        raise OSError("the API server is away")
+
+    kube.patch_status = unavailable  # type: ignore[method-assign]
+    r.on_report("ns", "cats", post(0, 1))  # something to write
+    for expected in (1.0, 2.0, 4.0):
+        r.schedule.drop(KEY)
+        with pytest.raises(OSError):
+            r.reconcile(*KEY)
+        assert due_in(r) == pytest.approx(expected, abs=0.2)
+    # The body stays known meanwhile (the progress endpoint reads it), and is read again next time.
+    assert KEY in r.bodies
+    read = kube.get_diffusion_job
+    reads: list[str] = []
+    kube.get_diffusion_job = lambda ns, name: reads.append(name) or read(ns, name)  # type: ignore[method-assign]
+    kube.patch_status = write  # type: ignore[method-assign]
+    clock.now += 1.0
+    r.reconcile(*KEY)
+    assert kube.patches[-1]["progress"]["completed"] == 1 and r._failures == {} and reads == ["cats"]
+
+
+class TwoJobs(FakeKube):
+    """`cats`, and `hung`, whose status write waits until released (an API server that does not answer)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body)
+        self.release = threading.Event()
+        self.written: list[str] = []
+
+    def get_diffusion_job(self, namespace: str, name: str) -> dict[str, Any]:
+        body = copy.deepcopy(self.body)
+        body["metadata"]["name"] = name
+        return body
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        if name == "hung":
+            self.release.wait(30)
+        self.written.append(name)
+        body = self.get_diffusion_job(namespace, name)
+        body["status"] = status
+        return body
+
+
+def test_a_call_that_hangs_holds_one_clock_worker_not_the_clock() -> None:
+    body = make_job("cats").prompts(*["p"] * 10).world(nodes=2).obj()
+    body["metadata"].update(namespace="ns", generation=1, resourceVersion="1")
+    kube = TwoJobs(body)
+    r = handlers.Reconciler(kube, OperatorSettings())  # type: ignore[arg-type]
+    r.indexes = {"muralist_jobs": {("ns", n): [job_view()] for n in ("hung", "cats")}}
+    r.listed = True
+    stop = threading.Event()
+    clock = threading.Thread(target=r.run_clock, args=(stop,), daemon=True)
+    clock.start()
+    try:
+        r.schedule.at(("ns", "hung"), 0.0)
+        wait_for(lambda: kube.written == [] and r._clocking, timeout=5, message="hung's write under way")
+        r.schedule.at(("ns", "cats"), 0.0)
+        wait_for(lambda: kube.written == ["cats"], timeout=5, message="cats reconciled while hung's write hangs")
+        kube.release.set()
+        wait_for(lambda: sorted(kube.written) == ["cats", "hung"], timeout=5, message="hung's write done")
+    finally:
+        kube.release.set()
+        stop.set()
+        r.wake.set()
+        clock.join(5)
+    assert not clock.is_alive()
+
+
+def test_a_job_whose_posts_stopped_is_woken_by_the_next_post() -> None:
+    r, kube, _ = running_reconciler([pod(0), pod(1)])
+    kube.body["spec"]["runPolicy"] = {"stallTimeoutSeconds": 10}
+    kube.body["metadata"]["resourceVersion"] = "100"
+    assert r.seen(KEY, copy.deepcopy(kube.body))
+    r.aggregator._wall = lambda: datetime.now(UTC) - timedelta(seconds=60)  # type: ignore[method-assign]
+    r.on_report("ns", "cats", post(0, 1))  # accepted a minute ago; nothing since
+    r.reconcile(*KEY)
+    unreachable = [c for c in kube.body["status"]["conditions"] if c["type"] == "ProgressUnreachable"]
+    assert [c["status"] for c in unreachable] == ["True"] and "ProgressUnreachable" in kube.events
+    assert kube.stopped == [] and KEY in r.awaiting_post and due_in(r) is None, "nothing to time until a post arrives"
+    r.aggregator._wall = lambda: datetime.now(UTC)  # type: ignore[method-assign]
+    r.on_report("ns", "cats", post(0, 1))  # the same counts: only the silence is news
+    assert due_in(r) is not None and (due_in(r) or 0) <= 0
+    r.reconcile(*KEY)
+    cleared = [c for c in kube.body["status"]["conditions"] if c["type"] == "ProgressUnreachable"]
+    assert [c["status"] for c in cleared] == ["False"] and "ProgressReceived" in kube.events

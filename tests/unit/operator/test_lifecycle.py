@@ -259,8 +259,8 @@ def test_eta_text(seconds: int | None, text: str) -> None:
 
 def test_a_stalled_pod_alone_is_deleted() -> None:
     job = make_job().world(nodes=2).run_policy(stallTimeoutSeconds=60).job()
-    pushed = progress(index_progress(0, done=1, last=NOW - timedelta(seconds=300)),
-                      index_progress(1, done=1, last=NOW - timedelta(seconds=5)))
+    pushed = progress(index_progress(0, done=1, last=NOW - timedelta(seconds=300), posted=NOW),
+                      index_progress(1, done=1, last=NOW - timedelta(seconds=5), posted=NOW))
     d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=[pod(0), pod(1)], progress=pushed), NOW)
     assert d.status.phase == Phase.RUNNING
     note = "no progress for 300s (runPolicy.stallTimeoutSeconds)"
@@ -271,7 +271,7 @@ def test_a_stalled_pod_alone_is_deleted() -> None:
 def test_a_hung_pod_is_retried_without_a_stall_timeout_set() -> None:
     job = make_job().world(nodes=1).job()
     assert job.spec.run_policy.stall_timeout_seconds is None
-    pushed = progress(index_progress(0, done=1, last=NOW - timedelta(seconds=601)))
+    pushed = progress(index_progress(0, done=1, last=NOW - timedelta(seconds=601), posted=NOW))  # posts, no steps
     d = decide(job, status(phase="Running"), 1, Observed(job=job_view(), pods=[pod(0)], progress=pushed), NOW)
     [stop] = d.actions
     assert (stop.name, stop.reason) == ("cats-0-0", "Stalled") and "no progress for 601s" in stop.note
@@ -386,3 +386,20 @@ def test_children_that_are_gone_are_created_again() -> None:
     assert done.actions == [], "a finished job's children are left as they are"
     fresh = decide(job, status(), 1, dataclasses.replace(seen, job=None), NOW)
     assert fresh.actions == [CreateJob(None)], "no Job: everything is created (what exists is checked then)"
+
+
+def test_a_job_whose_posts_stop_keeps_its_pods_and_says_why() -> None:
+    job = make_job().world(nodes=2).run_policy(stallTimeoutSeconds=60).job()
+    silent = progress(index_progress(0, done=1, last=NOW - timedelta(seconds=300), posted=NOW - timedelta(seconds=290)),
+                      index_progress(1, done=1, last=NOW - timedelta(seconds=300), posted=NOW - timedelta(seconds=280)))
+    seen = Observed(job=job_view(), pods=[pod(0), pod(1)], progress=silent)
+    d = decide(job, status(phase="Running"), 1, seen, NOW)
+    assert d.actions == [] and d.status.phase == Phase.RUNNING
+    assert conditions(d.status)["ProgressUnreachable"] == "True"
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "ProgressUnreachable")]
+    # Where `kubectl get dj -o wide` shows reasons (status.message).
+    since = iso(NOW - timedelta(seconds=280))
+    assert d.status.message.endswith(f"; progress unreachable: no post accepted since {since}")
+    # The job ends meanwhile: nothing waits for posts any more.
+    done = decide(job, d.status, 1, dataclasses.replace(seen, job=job_view(complete=True)), NOW)
+    assert done.status.phase == Phase.SUCCEEDED and conditions(done.status)["ProgressUnreachable"] == "False"

@@ -20,8 +20,8 @@ from muralist_operator.decision import (
     iso,
 )
 from muralist_operator.observe import JobView, PodView, WarningEvent
-from muralist_operator.progress.aggregate import PostError
 from muralist_operator.policies import deadline, failure, stall, start, suspension, ttl, world
+from muralist_operator.progress.aggregate import PostError
 
 from tests.builders import make_job
 from tests.views import NOW, failed, index_progress, job_view, pod, progress
@@ -173,8 +173,9 @@ def test_status_indexes_stay_bounded() -> None:
 
 
 def prog(index: int = 0, quiet: float | None = None, finished: bool = False, pod_name: str | None = None,
-         posted: float | None = None):
-    """`quiet`: seconds since the pod's last step; `posted`: since its last accepted post."""
+         posted: float | None = 0):
+    """`quiet`: seconds since the pod's last step; `posted`: since its last accepted post (by
+    default it has just posted: the endpoint hears from it)."""
     return index_progress(index, done=1, last=None if quiet is None else NOW - timedelta(seconds=quiet),
                           finished=finished, pod_name=pod_name,
                           posted=None if posted is None else NOW - timedelta(seconds=posted))
@@ -237,8 +238,12 @@ def test_the_next_stall_check_is_when_the_quietest_pod_could_be_over() -> None:
                       prog(4, quiet=900))
     pods = [pod(0), pod(1), pod(2), pod(3), pod(4, deleting=True)]
     assert stall.next_check(spec, pushed, pods, NOW) == NOW + timedelta(seconds=11)
-    assert stall.next_check(spec, progress(prog(0, quiet=None)), [pod(0)], NOW) is None, "nobody has stepped yet"
-    assert stall.next_check(spec, progress(prog(0, quiet=90)), [pod(0)], NOW) == NOW, "overdue: now"
+    # Nobody has stepped yet: only when the posts could fall silent for the timeout.
+    assert stall.next_check(spec, progress(prog(0, quiet=None)), [pod(0)], NOW) == NOW + timedelta(seconds=61)
+    assert stall.next_check(spec, progress(prog(0, quiet=None, posted=None)), [pod(0)], NOW) is None
+    # Overdue (stalled now): the next check is the silence's.
+    assert stall.stalled(spec, progress(prog(0, quiet=90)), [pod(0)], NOW)
+    assert stall.next_check(spec, progress(prog(0, quiet=90)), [pod(0)], NOW) == NOW + timedelta(seconds=61)
 
 
 REFUSED = PostError(NOW - timedelta(seconds=3), 401, "token refused: invalid bearer token")
@@ -269,10 +274,13 @@ REFUSED = PostError(NOW - timedelta(seconds=3), 401, "token refused: invalid bea
         ([prog(0, quiet=100, posted=100)], [pod(0, deleting=True)], None, None, []),
         # Within the timeout.
         ([prog(0, quiet=25, posted=25)], [pod(0)], None, None, []),
+        # Past the timeout without a step, but no post since it passed: posts may have stopped (a
+        # pod posts its step a few seconds late): neither verdict yet, the next post decides.
+        ([prog(0, quiet=35, posted=28)], [pod(0)], None, None, []),
     ],
     ids=["all-silent", "posts-without-stepping", "one-silent-among-posting", "refused", "refused-new-pods",
          "refused-not-long", "new-pods-not-posting", "never-heard", "loading", "done", "not-running", "deleting",
-         "recent"],
+         "recent", "over-but-no-post-since"],
 )
 def test_silence_is_not_a_stall(indexes: list, pods: list, refused: float | None, silent_since: float | None,
                                 stalled: list[str]) -> None:
@@ -286,6 +294,31 @@ def test_silence_is_not_a_stall(indexes: list, pods: list, refused: float | None
         assert (found.timeout, found.default, found.running) == (30, False, len(pods))
         assert found.last_error == (REFUSED if refused is not None else None)
         assert stall.next_check(spec, pushed, pods, NOW) is None, "the next accepted post wakes the job"
+
+
+def test_a_quiet_pod_waits_for_the_next_post_to_be_called_stalled() -> None:
+    spec = make_job().run_policy(stallTimeoutSeconds=30).job().spec
+    before = progress(prog(0, quiet=35, posted=28))
+    assert stall.awaits_post(spec, before, [pod(0)], NOW) and not stall.stalled(spec, before, [pod(0)], NOW)
+    assert stall.next_check(spec, before, [pod(0)], NOW) == NOW + timedelta(seconds=3), "or silent for the timeout"
+    after = progress(prog(0, quiet=36, posted=0))  # it posts, without a step
+    assert [s.pod.name for s in stall.stalled(spec, after, [pod(0)], NOW)] == ["cats-0-0"]
+    assert not stall.awaits_post(spec, progress(prog(0, quiet=5, posted=0)), [pod(0)], NOW)
+    silent = progress(prog(0, quiet=100, posted=90))
+    assert stall.awaits_post(spec, silent, [pod(0)], NOW), "its next post clears ProgressUnreachable"
+
+
+def test_after_a_break_in_the_posts_each_pod_gets_the_timeout_to_be_heard_again() -> None:
+    # The endpoint comes back: pod 0's first post arrives before pod 1's, whose last step is old.
+    spec = make_job().run_policy(stallTimeoutSeconds=30).job().spec
+    pods = [pod(0), pod(1)]
+    back = progress(prog(0, quiet=0, posted=0), prog(1, quiet=100, posted=100), reachable_since=NOW)
+    assert stall.stalled(spec, back, pods, NOW) == [] and stall.unreachable(spec, back, pods, NOW) is None
+    assert stall.next_check(spec, back, pods, NOW) == NOW + timedelta(seconds=31)
+    # The timeout later pod 1 has still not stepped, while pod 0 posts on: stalled.
+    later = NOW + timedelta(seconds=31)
+    still = progress(prog(0, quiet=-31, posted=-31), prog(1, quiet=100, posted=100), reachable_since=NOW)
+    assert [(s.pod.name, s.quiet) for s in stall.stalled(spec, still, pods, later)] == [("cats-1-0", 131)]
 
 
 def test_the_next_check_is_also_when_the_posts_could_fall_silent() -> None:
@@ -305,10 +338,11 @@ def test_progress_unreachable_is_a_condition_an_event_and_a_note_never_a_deletio
     t = Transition(DiffusionJobStatus(phase=Phase.RUNNING), 1, NOW)
     note = stall.reachability(t, found)
     since = iso(NOW - timedelta(seconds=90))
-    assert note == f"; progress unreachable: no post accepted since {since}; last refused: 401 token refused: invalid " \
-        "bearer token"
+    assert note == (f"; progress unreachable: no post accepted since {since}; last refused: 401 token refused: "
+                    "invalid bearer token")
     [condition] = t.status.conditions
-    assert (condition.type, condition.status, condition.reason) == ("ProgressUnreachable", "True", "ProgressUnreachable")
+    assert (condition.type, condition.status, condition.reason) == (
+        "ProgressUnreachable", "True", "ProgressUnreachable")
     assert condition.message == (
         f"no progress post of this job's 2 running pod(s) has been accepted since {since}, longer than "
         "runPolicy.stallTimeoutSeconds=30s; its pods are not deleted while their posts do not arrive; the last post "
@@ -329,7 +363,7 @@ def test_progress_unreachable_is_a_condition_an_event_and_a_note_never_a_deletio
     # Without a verdict ever: nothing at all.
     never = Transition(DiffusionJobStatus(), 1, NOW)
     assert stall.reachability(never, None) == "" and never.status.conditions == [] and never.decision.events == []
-    nothing_heard = stall.unreachable(spec, progress(prog(0, quiet=100)), [pod(0)], NOW)
+    nothing_heard = stall.unreachable(spec, progress(prog(0, quiet=100, posted=None)), [pod(0)], NOW)
     assert nothing_heard is None
     silent_unrefused = dataclasses.replace(found, last_error=None)
     assert "no post of the job reached the progress endpoint since (check NetworkPolicies" in \
@@ -352,7 +386,9 @@ def test_when_the_deadline_and_the_ttl_are_due(policy: dict[str, int], started: 
     run_policy = make_job().run_policy(**policy).job().spec.run_policy
     st = DiffusionJobStatus(start_time=ago(started) if started is not None else None,
                             completion_time=ago(finished) if finished is not None else None)
-    in_ = (lambda s: None if s is None else NOW + timedelta(seconds=s))
+    def in_(seconds: int | None) -> datetime | None:
+        return None if seconds is None else NOW + timedelta(seconds=seconds)
+
     assert (deadline.due(st, run_policy), ttl.due(st, run_policy)) == (in_(deadline_due), in_(ttl_due))
 
 

@@ -377,15 +377,16 @@ def test_when_posts_last_arrived_and_what_the_endpoint_refused() -> None:
     # What stall detection tells silence of the endpoint from a stalled pod by.
     clock = Clock()
     agg = Aggregator(clock=clock, wall_clock=lambda: T0 + timedelta(seconds=clock.now - 1000))
-    agg.refused(JOB, 401, "token refused")  # a job never seen (anyone can name any job): nothing kept
+    assert not agg.refused(JOB, 401, "token refused")  # a job never seen (anyone can name any job): nothing kept
     assert agg.snapshot(JOB) is None
     agg.set_total(JOB, 10)
     seen = agg.snapshot(JOB)
     assert seen is not None and (seen.last_post, seen.last_error, seen.refused_since) == (None, None, None)
     clock.now += 5
-    agg.refused(JOB, 503, "TokenReview failed: the API server did not answer (MaxRetryError)")
+    assert agg.refused(JOB, 503, "TokenReview failed: the API server did not answer (MaxRetryError)")
     clock.now += 5
-    agg.refused(JOB, 401, "token refused: invalid bearer token" + "x" * 1000)
+    assert agg.refused(JOB, 401, "token refused: invalid bearer token" + "x" * 1000)
+    assert not agg.refused(JOB, 401, "token refused: invalid bearer token" + "x" * 1000), "nothing new to say"
     refused = agg.snapshot(JOB)
     assert refused is not None and refused.last_error is not None
     assert (refused.last_error.at, refused.last_error.status) == (T0 + timedelta(seconds=10), 401)
@@ -399,3 +400,17 @@ def test_when_posts_last_arrived_and_what_the_endpoint_refused() -> None:
     assert posted is not None and (posted.last_post, posted.refused_since) == (T0 + timedelta(seconds=15), None)
     assert posted.last_error == refused.last_error  # kept: the last one the endpoint saw
     assert (posted.indexes[0].posted_at, posted.indexes[1].posted_at) == (T0 + timedelta(seconds=15), None)
+
+
+def test_a_break_in_a_jobs_posts_restarts_reachable_since() -> None:
+    clock = Clock()
+    agg = Aggregator(clock=clock, wall_clock=lambda: T0 + timedelta(seconds=clock.now - 1000))
+    for _ in range(5):  # a post every 3 s (the default interval): no break
+        agg.record(JOB, report(index=0, completed=1, step=5))
+        clock.now += 3
+    first = agg.snapshot(JOB)
+    assert first is not None and first.reachable_since is None, "no break since the first post"
+    clock.now += 20  # nothing for 8 + 3 s and more: more than 2 intervals and the slack
+    agg.record(JOB, report(index=0, completed=2, step=30))
+    resumed = agg.snapshot(JOB)
+    assert resumed is not None and resumed.reachable_since == T0 + timedelta(seconds=35) == resumed.last_post
