@@ -93,6 +93,7 @@ class PodView:
     gated: bool = False  # held back by a scheduling gate (Kueue's, until it admits the size that counts the pod)
     owner_uid: str = ""  # its controller's: the Job that created it
     scheduled: bool = False  # bound to a node
+    generation: int = 1  # metadata.generation: past 1 once its spec changed (a scheduling gate lifted)
     # Why it has not started, by its own status (`waiting`): ("", "") while it is merely on its way.
     waiting_reason: str = ""
     waiting_message: str = ""
@@ -216,6 +217,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         gated=bool((body.get("spec") or {}).get("schedulingGates")),
         owner_uid=controller_uid(body),
         scheduled=bool((body.get("spec") or {}).get("nodeName")),
+        generation=_int(meta.get("generation"), 1),
         waiting_reason=reason,
         waiting_message=message,
     )

@@ -239,15 +239,16 @@ class Reconciler:
 
     def _start_clocks(self, key: Key, current: JobView | None, pods: list[PodView],
                       now: datetime) -> dict[str, datetime]:
-        """When this operator saw each pod's scheduling gate lifted, and each index of the Job
+        """When this operator saw each pod's scheduling gate lifted (or, for a pod first seen after
+        that, its spec changed since its creation: generation past 1), and each index of the Job
         without a pod (policies.start times them from then)."""
         known = self.start_clocks.get(key, {})
         kept: dict[str, datetime | None] = {}
         for pod in pods:
             if pod.gated:
                 kept[pod.uid] = None
-            elif pod.phase == "Pending" and pod.uid in known:
-                kept[pod.uid] = known[pod.uid] or now
+            elif pod.phase == "Pending" and (pod.uid in known or pod.generation > 1):
+                kept[pod.uid] = known.get(pod.uid) or now
         if current is not None:
             for index in start.missing_indexes(current, pods):
                 clock = start.index_clock(current.uid, index)

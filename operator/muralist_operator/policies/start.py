@@ -22,9 +22,10 @@ reason of the pod that waited longest, once one has waited runPolicy.startTimeou
 pull is as stuck, for this job, as one that cannot be pulled.
 
 Each pod has a clock of its own, from its creation (a retried pod is a new pod), or from when the
-operator saw its scheduling gate lifted; an index without a pod, from when the operator first saw
-it without one (`clocks`, kept by the reconciler: an operator that restarts starts those again,
-which only ever waits longer). Such an index is timed only when an event of the Job's says why
+operator saw its scheduling gate lifted (a pod whose spec changed since its creation, first seen
+after that: from then); an index without a pod, from when the operator first saw it without one
+(`clocks`, kept by the reconciler: an operator that restarts starts those again, which only ever
+waits longer). Such an index is timed only when an event of the Job's says why
 (FailedCreate): the Job controller holds back a failed index's next pod on purpose (its backoff).
 Not timed either: a pod behind a scheduling gate (Kueue admits its size first), a pod being
 deleted, and a suspended job.

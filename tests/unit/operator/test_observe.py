@@ -60,7 +60,9 @@ def test_views_carry_their_controllers_uid() -> None:
     pod = {"metadata": {"name": "cats-0-x", "uid": "p", "ownerReferences": owned("Job", "cats", "j")},
            "spec": {"nodeName": "kwok-gpu-0"}, "status": {"phase": "Pending"}}
     view = pod_view(pod)
-    assert (view.owner_uid, view.scheduled, view.index) == ("j", True, -1)
+    assert (view.owner_uid, view.scheduled, view.index, view.generation) == ("j", True, -1, 1)
+    pod["metadata"]["generation"] = 2  # its scheduling gate lifted
+    assert pod_view(pod).generation == 2
     # An owner that is no controller (a reference anyone may add) owns nothing here.
     assert controller_uid({"metadata": {"ownerReferences": owned("Job", "cats", "j", controller=False)}}) == ""
 

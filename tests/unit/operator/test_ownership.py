@@ -5,6 +5,7 @@ events of a pod that does not start are read when its status cannot say why."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -275,3 +276,34 @@ def test_create_owns_what_it_makes_and_tells_whose_a_taken_name_is() -> None:
             kube_with(existing).create(spec_config_map(), OWNER)
         assert str(taken.value) == (f"ConfigMap cats-spec already exists and is not this DiffusionJob's ({whose}): "
                                     "delete it, or create the DiffusionJob under another name")
+
+
+def test_a_pods_start_clock_begins_when_its_gate_is_lifted() -> None:
+    # Kueue's workload slices: a pod waits behind its gate (for admission, maybe for hours), then
+    # must start. Created long ago, its clock starts when the operator sees the gate gone.
+    long_ago = iso(datetime.now(UTC) - timedelta(seconds=3600))
+    gated = worker(1, "Pending", gated=True, created=long_ago, waiting_reason="Unschedulable")
+    r, kube = reconciler([worker(0), gated])
+    kube.body["spec"]["runPolicy"] = {"startTimeoutSeconds": 60}
+    r.reconcile(*KEY)
+    assert "PodsNotStarting" not in [c["type"] for c in kube.body["status"]["conditions"]], "gated: not waiting"
+    lifted = worker(1, "Pending", created=long_ago, waiting_reason="Unschedulable")
+    r.indexes["muralist_pods"] = {KEY: [worker(0), lifted]}
+    kube.body["metadata"]["resourceVersion"] = "50"
+    assert r.seen(KEY, copy.deepcopy(kube.body))
+    r.reconcile(*KEY)
+    assert kube.body["status"]["phase"] == "Pending", "an hour old, but its clock started just now"
+    assert "uid-1-0" in r.start_clocks[KEY]
+    waiting = next(c for c in kube.body["status"]["conditions"] if c["type"] == "PodsNotStarting")
+    assert waiting["reason"] == "Unschedulable"
+    # An operator started after the gate was lifted knows it from the pod's generation (its spec
+    # changed since its creation): the clock starts when it first sees the pod.
+    fresh, kube2 = reconciler([worker(0), dataclasses.replace(lifted, generation=2)])
+    kube2.body["spec"]["runPolicy"] = {"startTimeoutSeconds": 60}
+    fresh.reconcile(*KEY)
+    assert kube2.body["status"]["phase"] == "Pending"
+    # A pod whose spec never changed counts from its creation.
+    plain, kube3 = reconciler([worker(0), lifted])
+    kube3.body["spec"]["runPolicy"] = {"startTimeoutSeconds": 60}
+    plain.reconcile(*KEY)
+    assert kube3.body["status"]["phase"] == "Failed"
