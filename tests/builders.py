@@ -8,8 +8,10 @@ from typing import Any
 from muralist_api.job import API_VERSION, KIND, DiffusionJob
 from muralist_api.rules.problems import parse_job
 
-# What a job of several pods writes to in tests: a volume every pod mounts (never mounted by `muralist run`).
-SHARED_OUTPUT = {"volume": {"persistentVolumeClaim": {"claimName": "results"}}}
+# What a job of several pods writes to in tests: a volume every pod mounts. NFS: a PersistentVolumeClaim that
+# does not exist would keep the kwok pods Pending (the scheduler waits for it); nothing mounts it there, and
+# `muralist run` writes to a local folder whatever the volume.
+SHARED_OUTPUT = {"volume": {"nfs": {"server": "nfs.example", "path": "/results"}}}
 
 
 class JobBuilder:
