@@ -20,6 +20,9 @@ sweep re-reads every job: kopf's watches resume from their last resourceVersion 
 when the API server no longer has it, and each object of a listing reaches the handlers. The
 clock hands its reconciles to a few worker threads, so a hung call holds one of them for its
 timeout, never the clock.
+
+The job and its status are read as skew.py says: what a newer CRD or operator wrote and this one
+does not know never fails or resets a job, and a status it cannot read is kept and reported.
 """
 
 from __future__ import annotations
@@ -35,12 +38,11 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from muralist_api.contract.progress import ProgressReport
 from muralist_api.job import DiffusionJob
-from muralist_api.rules.problems import ValidationProblem, parse_job
-from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus
-from pydantic import ValidationError
+from muralist_api.rules.problems import ValidationProblem
+from muralist_api.status import TERMINAL_PHASES, Phase
 from urllib3.exceptions import HTTPError
 
-from muralist_operator import metrics
+from muralist_operator import metrics, skew
 from muralist_operator.decision import (
     REASON_CHILD_RESTORED,
     REASON_EARLIER_JOB,
@@ -138,6 +140,8 @@ class Reconciler:
         self.wake = self.schedule.wake  # set when a job becomes due earlier than any other
         # Things the clock thread does besides reconciling (TLS renewal, peering checks).
         self.chores: list[Callable[[], None]] = []
+        # What was last said of a job whose status this operator cannot read (skew.py).
+        self.unreadable: dict[Key, str] = {}
 
     def _lock(self, key: Key) -> threading.Lock:
         with self._locks_guard:
@@ -345,6 +349,7 @@ class Reconciler:
         self.created.pop(key, None)
         self.start_clocks.pop(key, None)
         self.warnings.pop(key, None)
+        self.unreadable.pop(key, None)
         self.aggregator.forget(key)
         metrics.forget(key)
         with self._locks_guard:
@@ -355,21 +360,28 @@ class Reconciler:
     def _reconcile(self, key: Key, body: dict[str, Any]) -> None:
         now = datetime.now(UTC)
         self.known.add(key)
-        raw_status = body.get("status") or {}
-        try:
-            status = DiffusionJobStatus.model_validate(raw_status)
-        except ValidationError:
-            status = DiffusionJobStatus()
+        # What a newer operator or CRD wrote and this one does not know is set aside, never a reason to
+        # fail or reset the job (skew.py); a status it cannot read at all is kept, and reported.
+        reading = skew.read_status(body.get("status") or {})
+        if reading.status is None:
+            self._status_unreadable(key, body, reading)
+            return
+        self.unreadable.pop(key, None)
+        status, raw_status = reading.status, reading.known
         generation = body["metadata"].get("generation")
         manifest = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
         job: DiffusionJob | None = None
         children: Children | None = None
         observed: Observed | None = None
         try:
-            job = parse_job(manifest)
+            started = status.phase != Phase.PENDING or bool(self._values("muralist_jobs", key))
+            job, unknown = skew.read_job(manifest, started)
             observed = self.observe(key, job, now)
             decision = decide(job, status, generation, observed, now)
+            skew.note_unknown(decision, unknown + reading.unknown, now, generation)
             children = self._render(job, key, decision)
+        except skew.NewerSpec as e:
+            job, decision = None, skew.wait_for_operator(status, generation, e, now)
         except ValidationProblem as e:
             job, decision = None, decide_failed(status, generation, REASON_INVALID_SPEC, "; ".join(e.problems), now)
         except RenderFailure as e:
@@ -417,6 +429,14 @@ class Reconciler:
             reasons = [e.reason for e in decision.events if e.type == "Warning"] or ["Unknown"]
             metrics.RESTARTS.labels(reason=reasons[0]).inc(decision.status.restarts - status.restarts)
         self._track(key, job, decision, observed, now)
+
+    def _status_unreadable(self, key: Key, body: dict[str, Any], reading: skew.StatusReading) -> None:
+        """Say once (until it changes) that this job's status cannot be read; it stays as it is."""
+        message = skew.unreadable_message(reading)
+        if self.unreadable.get(key) != message:
+            log.warning("%s/%s: %s", *key, message)
+            self.kube.post_event(body, "Warning", skew.REASON_STATUS_UNREADABLE, message)
+            self.unreadable[key] = message
 
     def _render(self, job: DiffusionJob, key: Key, decision: Decision) -> Children | None:
         """The children a CreateJob needs, rendered before the status is written: a job that
