@@ -413,6 +413,13 @@ class Output(StoredAt):
         description="Rows per WebDataset shard (each row's imagesPerPrompt images go in the same shard).",
     )
     gallery_page_size: int = Field(200, ge=1, le=10_000, description="Items per gallery page.")
+    shared: bool = Field(
+        False,
+        description="Render into a folder that another DiffusionJob (another name or namespace) wrote: its items "
+        "made for the same request are kept, the others rendered again, and the folder is this job's from then "
+        "on. Without it such a folder is refused (exit 78). Jobs take turns: two must not run into one folder at "
+        "once. The same job deleted and applied again needs no sharing: it resumes.",
+    )
 
     @field_validator("path")
     @classmethod

@@ -157,9 +157,9 @@ def summarise(job: Job, state: RunState) -> None:
     state.progress.finished()
     timeout = job.runtime.spec.parallelism.collective_timeout_seconds
     if state.server is not None:
-        merge.merge_job(job.runtime, job.work, state.jobfile, state.claims, layout,
-                        rank_files.stall_watch(progress_dir(), timeout), state.progress.slowest_item_seconds,
-                        state.timings, state.learned)
+        state.merged = merge.merge_job(job.runtime, job.work, state.jobfile, state.claims, layout,
+                                       rank_files.stall_watch(progress_dir(), timeout),
+                                       state.progress.slowest_item_seconds, state.timings, state.learned)
     if layout.local_rank == 0:
         rank_files.wait_for_pod(progress_dir(), timeout)
 
@@ -183,7 +183,8 @@ def run(spec_path: str) -> int:
         if state.world.layout.local_rank == 0:
             # The pod's counts (all its ranks are done: summarise waited for them), the job's total.
             pod = read_pod([progress_dir()])
-            write_termination(Termination(pod.counts, timings=state.timings, cache_sample=pod.cache_sample))
+            write_termination(Termination(pod.counts, timings=state.timings, cache_sample=pod.cache_sample,
+                                          job=state.merged))
         return contract.EXIT_OK
     except NothingLeft as e:
         log.info("nothing to do: %s", e)

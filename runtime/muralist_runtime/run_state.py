@@ -58,6 +58,7 @@ class RunState:
     server: ClaimServer | None = None  # the first pod's first rank
     reporter: PodReporter | None = None  # each pod's first rank
     background: BackgroundWriter | None = None  # writing ranks, while they generate
+    merged: Counts | None = None  # the job's items as the merge found them (the first pod's first rank)
     _world: DistributedWorld | None = None
     _jobfile: JobFile | None = None
     _progress: RankProgress | None = None

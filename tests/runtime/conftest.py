@@ -50,10 +50,10 @@ def make_job() -> RuntimeJobBuilder:
 
 
 def runtime_spec_json(job: dict[str, Any], output: Path, model_path: Path | None = None,
-                      inputs: Path | None = None) -> str:
-    """The RuntimeSpec JSON the operator (or `muralist run`) would write; `inputs`: where
+                      inputs: Path | None = None, name: str = "t") -> str:
+    """The RuntimeSpec JSON the operator (or `muralist run`) would write for the job `name`; `inputs`: where
     spec.inputs.volume is mounted."""
-    doc = {"name": "t", "spec": job, "outputDir": str(output)}
+    doc = {"name": name, "spec": job, "outputDir": str(output)}
     if model_path is not None:
         doc["modelPath"] = str(model_path)
     if inputs is not None:

@@ -51,16 +51,24 @@ def fixture_copy(fixture: dict[str, Any], tmp_path: Path) -> tuple[Path, str]:
     out = tmp_path / "out"
     shutil.copytree(FIXTURES / fixture["name"], out)
     job = yaml.safe_load((FIXTURES / fixture["job"]).read_text())
-    return out, runtime_spec_json(job["spec"], out)
+    return out, runtime_spec_json(job["spec"], out, name=job["metadata"]["name"])
 
 
 def untouchable(out: Path, fixture: dict[str, Any]) -> dict[str, tuple[bytes, int]]:
     """Every file the old run left that a resume must keep as it is, with its bytes and mtime: all
-    but job.json (rewritten) and the JSON of an item whose image is missing (rendered again)."""
+    but job.json (rewritten), the JSON of an item whose image is missing (rendered again) and the part
+    files (relisted: their items' statuses say what this run did with them; `listed` compares the rest)."""
     redo = {f"images/{key}.json" for key in fixture["items"] if key not in fixture["complete"]}
     files = [p for p in out.rglob("*") if p.is_file()]
     return {str(rel): (p.read_bytes(), p.stat().st_mtime_ns) for p in files
-            if (rel := p.relative_to(out).as_posix()) != "job.json" and rel not in redo}
+            if (rel := p.relative_to(out).as_posix()) != "job.json" and rel not in redo
+            and not rel.startswith("parts/")}
+
+
+def listed(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each part file's entries but their statuses (a resume lists what it kept as "skipped")."""
+    return {p.name: [{k: v for k, v in json.loads(line).items() if k != "status"}
+                     for line in p.read_text().splitlines()] for p in sorted((out / "parts").glob("*.jsonl"))}
 
 
 def items_on_disk(out: Path, layout: str) -> Counter[str]:
@@ -75,6 +83,7 @@ def test_a_folder_of_an_earlier_output_format_resumes(fixture: dict[str, Any], t
                                                       tiny_model: Path) -> None:
     out, spec = fixture_copy(fixture, tmp_path)
     before = untouchable(out, fixture)
+    parts_before = listed(out) if (out / "parts").is_dir() else {}
     items, complete = fixture["items"], set(fixture["complete"])
     missing = [key for key in items if key not in complete]
 
@@ -85,6 +94,8 @@ def test_a_folder_of_an_earlier_output_format_resumes(fixture: dict[str, Any], t
     after = {name: (p.read_bytes(), p.stat().st_mtime_ns) for name in before if (p := out / name).is_file()}
     changed = sorted(name for name in before if after.get(name) != before[name])
     assert not changed, f"files the old run made were rewritten or lost: {changed}"
+    parts_after = listed(out)
+    assert {name: parts_after.get(name) for name in parts_before} == parts_before, "parts list the same items"
     assert items_on_disk(out, fixture["layout"]) == Counter(items), "every item on disk, once"
     manifest = run.manifest()
     assert [m["key"] for m in manifest] == items, "the manifest lists every item once, in order"

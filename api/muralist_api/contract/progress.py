@@ -92,6 +92,9 @@ class ProgressReport(BaseModel):
     skipped: _Count
     failed: _Count
     total: _Count
+    # Of `completed`, the items that replaced an output made before for another request. Optional: older
+    # runtimes do not send it.
+    rerendered: _Count = 0
     last_step_time: AwareDatetime | None = None
     last_image_time: AwareDatetime | None = None
     sent_at: AwareDatetime

@@ -1,28 +1,45 @@
 """The resume contract: when a run may keep the outputs already on its volume.
 
-A restarted pod group, or the same manifest run again, keeps every image its output folder
-already holds, as long as those images were made with the same pixel-deciding parameters.
-Those parameters are digested into job.json. The digest must survive upgrades: an operator or
-runtime upgrade in the middle of a job adds fields with defaults, and an unchanged manifest
-must still resume, not fail permanently. So the digest
-- covers only what changes pixels (the model, the sampling parameters; not batchSize, compile,
-  the layout or the output location), and
+A restarted pod group, or the same manifest run again, keeps an item its output folder already
+holds only when that item was made for exactly the same request. So each item's record carries a
+request digest (`requestDigest`, `request_digest`) of everything that decides its pixels: the
+model and its revision, dtype, pipeline and adapters; the generation settings; and the item's own
+prompt, negative prompt, seed, strength and the bytes of its input images (by their SHA-256). A
+run keeps an item whose digest matches and renders again one whose does not (a corrected prompt, an
+edited data-set row, another seed, a replaced input photo, another model or step count).
+
+The digest must survive upgrades: an operator or runtime upgrade in the middle of a job adds
+fields with defaults, and an unchanged manifest must still resume. So the digest
+- covers only what changes pixels (not batchSize, compile, the layout or the output location),
 - leaves out every field at its default, so a field added later does not enter it until a
   manifest sets it, and
-- is versioned: a job.json of an older format is re-digested from the spec it recorded.
+- is versioned: `r1:` starts every request digest; job.json's `specDigest` (the job-wide part,
+  `spec_digest`, versioned by `digestVersion`) is kept for the items of older versions, whose records
+  carry no request digest: such an item is kept when the folder's job-wide digest matches and its
+  record names the same prompt, negative prompt, seed, strength and input paths (`legacy_match`).
+
+A folder belongs to one job (job.json's namespace and name): another job's folder is refused
+unless the manifest shares it (spec.output.shared); the same job deleted and applied again is the
+same job, and resumes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from muralist_api.items import Item
 from muralist_api.job import DiffusionJobSpec, Generation, ModelSpec
 
 DIGEST_VERSION = 2
+REQUEST_DIGEST_PREFIX = "r1:"
+# What decides an item's pixels besides the settings every item shares (a row's own seed makes the base
+# seed and the images per prompt irrelevant to it: the item's seed says what they would).
+ITEM_GENERATION_EXCLUDED = frozenset({"seed", "images_per_prompt"})
 # Of spec.model: what selects the weights and their precision, and the LoRA adapters on top
 # (fuseAdapters moves pixels by rounding only, ~4e-7).
 PIXEL_MODEL_FIELDS = frozenset({"name", "revision", "dtype", "pipeline", "adapters"})
@@ -77,3 +94,50 @@ def mismatch(job_json: dict[str, Any], spec: DiffusionJobSpec) -> str | None:
         return (f"was written by another Muralist version whose parameters this one cannot compare "
                 f"(this job {new})")
     return f"holds images of a job with other model/generation parameters (digest {old}, this job {new})"
+
+
+def request_digest(spec: DiffusionJobSpec, item: Item, input_shas: Mapping[str, str]) -> str:
+    """What decides one item's pixels, digested: the model, the generation settings and the item's
+    own fields; `input_shas`: the SHA-256 (hex) of the bytes of each input it has ("image", "mask")."""
+    generation = spec.generation.model_dump(
+        mode="json", exclude=set(SPEED_ONLY_GENERATION_FIELDS | ITEM_GENERATION_EXCLUDED), exclude_defaults=True)
+    own = {"prompt": item.prompt, "negativePrompt": item.negative_prompt, "seed": item.seed,
+           "strength": item.strength, **{f"{name}Sha256": sha for name, sha in sorted(input_shas.items())}}
+    doc = {"model": spec.model.model_dump(mode="json", include=set(PIXEL_MODEL_FIELDS), exclude_defaults=True),
+           "generation": generation, "item": {k: v for k, v in own.items() if v is not None}}
+    # ensure_ascii: a prompt's lone surrogate is digested as its escape, not refused.
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return REQUEST_DIGEST_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+LEGACY_FIELDS = {"prompt": "prompt", "negativePrompt": "negative_prompt", "seed": "seed", "strength": "strength"}
+
+
+def changed_fields(entry: Mapping[str, Any], item: Item) -> list[str]:
+    """What a record says its item was made with and the item now asks otherwise (for people: the
+    digest decides). The fields of the record that name the item's own request."""
+    changed = [name for name, attr in LEGACY_FIELDS.items() if entry.get(name) != getattr(item, attr)]
+    for name, field in (("inputImage", "image"), ("inputMask", "mask")):
+        value = getattr(item, field)
+        if isinstance(value, str) and entry.get(name) not in (None, value):
+            changed.append(name)
+    return changed
+
+
+def legacy_match(entry: Mapping[str, Any], item: Item) -> bool:
+    """Whether an item's record of a version before request digests names this item's request (its
+    folder's job-wide digest matched): the same text, seed and strength, and the same input paths."""
+    if changed_fields(entry, item):
+        return False
+    return all(entry.get(name) == getattr(item, field) for name, field in (("inputImage", "image"),
+                                                                           ("inputMask", "mask"))
+               if isinstance(getattr(item, field), str))
+
+
+def other_job(job_json: Mapping[str, Any], namespace: str, name: str) -> str | None:
+    """The namespace/name of the job that wrote a folder when it is not this one; None when it is (or the
+    folder does not say)."""
+    recorded = (job_json.get("namespace") or "default", job_json.get("name"))
+    if not isinstance(recorded[1], str) or recorded == (namespace, name):
+        return None
+    return f"{recorded[0]}/{recorded[1]}"

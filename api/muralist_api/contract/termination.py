@@ -102,10 +102,15 @@ class Termination:
     message: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     cache_sample: CacheSample | None = None  # generation.cache.verify: this pod's share of the sample
+    # The whole job's items as the merge found them in the manifest (the first pod's, once it merged):
+    # completed = rendered now (rerendered of them in place of another request's), skipped = kept.
+    job: Counts | None = None
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {**asdict(self.counts), "exitCode": self.exit_code, "permanent": self.permanent,
                                "reason": self.reason, "message": self.message}
+        if self.job is not None:
+            doc["job"] = asdict(self.job)
         doc.update({k: round(v, 3) for k, v in self.timings.items()})
         if self.cache_sample is not None:
             doc["cacheVerify"] = self.cache_sample.to_wire()
@@ -127,25 +132,33 @@ class Termination:
             return None
         if not isinstance(doc, dict):
             return None
-        known = {"completed", "skipped", "failed", "total", "exitCode", "permanent", "reason", "message"}
+        known = {"completed", "skipped", "failed", "total", "rerendered", "exitCode", "permanent", "reason", "message"}
 
         def num(key: str) -> int:
             value = doc.get(key, 0)
             return value if isinstance(value, int) else 0
 
         return cls(
-            counts=Counts(num("completed"), num("skipped"), num("failed"), num("total")),
+            counts=Counts(num("completed"), num("skipped"), num("failed"), num("total"), num("rerendered")),
             exit_code=num("exitCode"),
             permanent=doc.get("permanent") is True,
             reason=str(doc.get("reason", "")),
             message=str(doc.get("message", "")),
             timings={k: float(v) for k, v in doc.items() if k not in known and isinstance(v, int | float)},
             cache_sample=CacheSample.from_wire(doc.get("cacheVerify")),
+            job=_counts(doc.get("job")),
         )
 
     @property
     def severity(self) -> int:
         return SEVERITY.get(self.reason, 0)
+
+
+def _counts(doc: object) -> Counts | None:
+    if not isinstance(doc, dict):
+        return None
+    values = [doc.get(k, 0) for k in ("completed", "skipped", "failed", "total", "rerendered")]
+    return Counts(*(v if isinstance(v, int) and not isinstance(v, bool) else 0 for v in values))
 
 
 def message_severity(text: str) -> int:

@@ -32,7 +32,8 @@ def load(runtime: RuntimeSpec, strategy: ParallelStrategy, plan: Plan, source: s
     start = time.perf_counter()
     loading = spec.model.loading
     if loading is not None and loading.stage:
-        staged, _ = staging.stage_model(source, revision, world.layout.local_rank)
+        staged, _ = staging.stage_model(source, revision, world.layout.local_rank,
+                                        quiet_seconds=spec.parallelism.collective_timeout_seconds)
         source, revision = str(staged), None
     pipe = pipeline.load_pipeline(runtime, source, revision, **plan.load_kwargs)
     strategy.check_model(pipe, plan)

@@ -18,13 +18,14 @@ def open_job_folder(runtime: RuntimeSpec, work: WorkPlan,
     a rank that writes nothing). The first pod's first rank writes job.json: the world it runs in."""
     storage.mount(runtime)  # spec.output.uri: the output tree's files go to object storage
     jobfile = writer.JobFile(runtime)
+    recorded, trust = jobfile.check_existing()
     # A folder resumed keeps its own chunks (its part files name them), whatever this world is.
-    work = layouts.resumed_plan(runtime, work, jobfile.check_existing())
+    work = layouts.resumed_plan(runtime, work, recorded)
     jobfile.chunks = Chunks(work.start, work.chunk_rows)
     if layout.hosts_store:
         jobfile.write(layout.describe())
     files = None
     if layout.writes_images:
-        files = layouts.layout_for(runtime, layout.rank)
+        files = layouts.layout_for(runtime, layout.rank, trust)
         files.prepare()
     return jobfile, work, files

@@ -36,7 +36,7 @@ from muralist_api.runtime_spec import RuntimeSpec
 
 from ..work.chunks import ChunkCounts
 from ..work.item_failures import NAMED, describe_item
-from . import media, shards, storage, temps
+from . import media, requests, shards, storage, temps
 from .gallery import GALLERY_DIR
 from .thumbnails import thumbnail_jpeg
 from .writer import atomic_write_bytes, atomic_write_text
@@ -84,13 +84,19 @@ def part_path(root: Path, chunk: int) -> Path:
 
 def read_part(root: Path, chunk: int) -> list[dict[str, Any]] | None:
     """The entries of a finished chunk (in today's shape, whichever version wrote them), or None
-    when it is not finished. A part file is renamed into place whole, so one that does not read
-    as entries was not written by a version this runtime knows: the folder is refused."""
-    path = part_path(root, chunk)
+    when it is not finished (or cannot be read now). A part file is renamed into place whole, so one
+    that does not read as entries was not written by a version this runtime knows: the folder is refused."""
     try:
-        text = storage.at(path).read_bytes(path).decode()
+        return load_part(root, chunk)
     except OSError:
         return None
+
+
+def load_part(root: Path, chunk: int) -> list[dict[str, Any]]:
+    """read_part, raising FileNotFoundError for a chunk not finished and OSError for one that cannot be
+    read now (the merge tells the two apart)."""
+    path = part_path(root, chunk)
+    text = storage.at(path).read_bytes(path).decode()
     out = []
     try:
         for number, line in enumerate(text.splitlines(), 1):
@@ -234,13 +240,39 @@ def encode_image(image: Any, fmt: str, meta: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
+@dataclass
+class Kept:
+    """What a chunk's items on disk are: kept (made for this request: their entries, status "skipped"), or
+    stale (made for another request: what changed; they are rendered again, their files replaced)."""
+
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stale: dict[str, list[str]] = field(default_factory=dict)
+
+
+def keep(runtime: RuntimeSpec, trust: requests.FolderTrust, item: Item, entry: dict[str, Any], kept: Kept) -> None:
+    """Sort an item's entry on disk into `kept`: kept as "skipped" (with the item's id of now), or stale."""
+    why = requests.changed(runtime, item, entry, trust)
+    if why is not None:
+        kept.stale[item.key] = why
+        return
+    kept.entries[item.key] = relisted(entry, item)
+
+
+def relisted(entry: dict[str, Any], item: Item) -> dict[str, Any]:
+    """An entry on disk as this run lists it: kept ("skipped"), with the item's id of now; what an earlier
+    run replaced is that run's to say."""
+    out = {**entry, "status": "skipped", "id": item.id}
+    out.pop("replaced", None)
+    return out
+
+
 class FilesLayout:
     """images/<key>.<format> + images/<key>.json per item."""
 
     name = "files"
 
-    def __init__(self, runtime: RuntimeSpec, rank: int):
-        self.runtime, self.rank = runtime, rank
+    def __init__(self, runtime: RuntimeSpec, rank: int, trust: requests.FolderTrust = requests.TRUSTED):
+        self.runtime, self.rank, self.trust = runtime, rank, trust
         self.root = Path(runtime.output_dir)
         self.images = self.root / "images"
         self.ext = runtime.spec.output.format
@@ -261,10 +293,11 @@ class FilesLayout:
         files = storage.at(self.root)
         return files.exists(self.image_path(item)) and files.exists(self.meta_path(item))
 
-    def kept(self, chunk: int, items: list[Item]) -> dict[str, dict[str, Any]]:
-        """Entries of this chunk's items already on disk (from an earlier attempt, a duplicate, or
-        an earlier version: output_format.read_entry); an item whose JSON does not read is rendered again."""
-        out = {}
+    def kept(self, chunk: int, items: list[Item]) -> Kept:
+        """This chunk's items already on disk (from an earlier attempt, a duplicate, or an earlier version:
+        output_format.read_entry), kept when made for this request, else stale; an item whose JSON does not
+        read is rendered again."""
+        out = Kept()
         per_row = self.runtime.spec.generation.images_per_prompt
         for item in items:
             if not self.item_done(item):
@@ -274,16 +307,19 @@ class FilesLayout:
                 entry = output_format.read_entry(raw, item.key, item.number(per_row))
             except (OSError, ValueError):  # output_format.FormatError is a ValueError
                 continue
-            entry["status"] = "skipped"
-            out[item.key] = entry
+            keep(self.runtime, self.trust, item, entry, out)
         return out
 
     def begin_chunk(self, chunk: int, kept: dict[str, dict[str, Any]]) -> None:
         return None
 
     def write(self, chunk: int, item: Item, output: RenderedOutput, seconds: float) -> dict[str, Any]:
-        """On a writer thread: metadata first, then the gallery's stills, the output last, each atomically."""
+        """On a writer thread: metadata first, then the gallery's stills, the output last, each atomically.
+        An item made for another request before (`replaced`) loses its old output first: never the new
+        metadata beside the old picture."""
         meta = output_metadata(self.runtime, item, self.rank, seconds, output)
+        if meta.get("replaced"):
+            storage.at(self.image_path(item)).remove(self.image_path(item))
         meta["file"] = f"images/{item.key}.{self.ext}"
         stills: dict[str, Any] = {}
         if output.is_video:
@@ -317,8 +353,8 @@ class WebDatasetLayout:
 
     name = "webdataset"
 
-    def __init__(self, runtime: RuntimeSpec, rank: int):
-        self.runtime, self.rank = runtime, rank
+    def __init__(self, runtime: RuntimeSpec, rank: int, trust: requests.FolderTrust = requests.TRUSTED):
+        self.runtime, self.rank, self.trust = runtime, rank, trust
         self.root = Path(runtime.output_dir)
         self.shards = self.root / "shards"
         self.ext = runtime.spec.output.format
@@ -332,13 +368,18 @@ class WebDatasetLayout:
     def item_done(self, item: Item) -> bool:
         return False  # a shard is all or nothing: items are never done on their own
 
-    def kept(self, chunk: int, items: list[Item]) -> dict[str, dict[str, Any]]:
-        """Items a finished shard of this chunk already holds (retrying only its failed ones)."""
-        entries = read_part(self.root, chunk) or []
+    def kept(self, chunk: int, items: list[Item]) -> Kept:
+        """Items a finished shard of this chunk already holds for this request (the shard is written again
+        with them, and the failed and stale ones rendered again)."""
+        out = Kept()
         path = shards.shard_path(self.shards, chunk)
         if not storage.at(path).exists(path):
-            return {}
-        return {e["key"]: {**e, "status": "skipped"} for e in entries if e.get("status") != "failed"}
+            return out
+        entries = {e["key"]: e for e in read_part(self.root, chunk) or [] if e.get("status") != "failed"}
+        for item in items:
+            if item.key in entries:
+                keep(self.runtime, self.trust, item, entries[item.key], out)
+        return out
 
     def begin_chunk(self, chunk: int, kept: dict[str, dict[str, Any]]) -> None:
         old = shards.shard_path(self.shards, chunk)
@@ -378,5 +419,8 @@ class WebDatasetLayout:
             writer.abort()
 
 
-def layout_for(runtime: RuntimeSpec, rank: int) -> FilesLayout | WebDatasetLayout:
-    return WebDatasetLayout(runtime, rank) if runtime.spec.output.layout == "webdataset" else FilesLayout(runtime, rank)
+def layout_for(runtime: RuntimeSpec, rank: int,
+               trust: requests.FolderTrust = requests.TRUSTED) -> FilesLayout | WebDatasetLayout:
+    if runtime.spec.output.layout == "webdataset":
+        return WebDatasetLayout(runtime, rank, trust)
+    return FilesLayout(runtime, rank, trust)

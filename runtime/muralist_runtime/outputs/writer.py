@@ -16,6 +16,7 @@ import json
 import platform
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from muralist_api.contract import PermanentFailure, output_format, resume
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
-from . import storage, temps
+from . import requests, storage, temps
 
 # Items waiting to be written: enough to ride out a slow volume for a few images, few enough
 # that host memory stays small (8 decoded 1024x1024 RGB images are 24 MiB).
@@ -69,29 +70,41 @@ class JobFile:
         """The job's folder as its readers name it (a path, or a URI)."""
         return storage.at(self.root).where(self.root)
 
-    def check_existing(self) -> dict[str, Any] | None:
-        """Refuse to mix outputs of different parameters in one directory (every rank reads), or
-        to resume a folder of an output format this version does not read; returns the job.json
-        found (None when there is none yet).
+    def check_existing(self) -> tuple[dict[str, Any] | None, requests.FolderTrust]:
+        """Check the folder's job.json before any item is kept (every rank reads): returns it (None when
+        there is none yet) and how far records of older versions may be trusted.
 
-        The resume contract (muralist_api/contract/resume.py) decides: a folder written by an older version of
-        the same job resumes; one of other parameters is refused, naming the field to change.
+        Refused (exit 78, naming the field): a folder of an output format this version does not read, a
+        job.json that is not one, a folder another job wrote (unless spec.output.shared). A job.json that
+        cannot be read now (a store's transient error) is an error of the run, retried: never taken for
+        a new folder, whose first writer would replace it. Which items are kept is then each item's request
+        digest's to say (requests.py); the job-wide digest decides only for records of older versions.
         """
         try:
-            recorded = json.loads(storage.at(self.path).read_bytes(self.path))
-        except (OSError, ValueError):
-            return None  # none yet, or unreadable: the first rank rewrites it
+            raw = storage.at(self.path).read_bytes(self.path)
+        except FileNotFoundError:
+            return None, requests.TRUSTED
+        except OSError as e:
+            raise OSError(f"cannot read {self.where}/job.json: {e.strerror or e}") from e
+        try:
+            recorded = json.loads(raw)
+        except ValueError as e:
+            recorded = e
         if not isinstance(recorded, dict):
-            return None
+            raise PermanentFailure("spec.output.path", f"{self.where}/job.json is not a job file of Muralist (not a "
+                                   "JSON object); move it away, or use another output.path")
         try:
             output_format.recorded_format(recorded)
         except output_format.FormatError as e:
             raise PermanentFailure("spec.output.path", f"{self.where} {e}; run it with that version, or use "
                                    "another output.path") from None
-        why = resume.mismatch(recorded, self.runtime.spec)
-        if why:
-            raise PermanentFailure("spec.output.path", f"{self.where} {why}; use another output.path or empty it")
-        return recorded
+        other = resume.other_job(recorded, self.runtime.namespace, self.runtime.name)
+        if other is not None and not self.runtime.spec.output.shared:
+            raise PermanentFailure("spec.output", f"{self.where} holds the outputs of DiffusionJob {other}, not of "
+                                   f"{self.runtime.namespace}/{self.runtime.name}; use another spec.output.path, or "
+                                   "set spec.output.shared: true to render into it (its items made for the same "
+                                   "request are kept)")
+        return recorded, requests.FolderTrust(legacy=resume.mismatch(recorded, self.runtime.spec) is None)
 
     def merged(self) -> bool:
         """Whether the job's outputs were merged already (job.json counts its items)."""
@@ -144,11 +157,17 @@ class BackgroundWriter:
     submission order); `close()` drains the queue and stops the threads. The first error of a
     write is raised by the next `submit` and by `close` (images after it are dropped: the run
     fails, and a restart renders what is missing).
+
+    No wait is without a bound: when no write finishes for `stall_seconds` (a volume or a bucket that
+    stopped answering) while one is awaited, WriteStalled is raised (a failure of the run, retried).
     """
 
     def __init__(self, write: Callable[[int, Item, Any, float], Any],
-                 maxsize: int = WRITE_QUEUE_SIZE, threads: int = WRITE_THREADS):
+                 maxsize: int = WRITE_QUEUE_SIZE, threads: int = WRITE_THREADS, stall_seconds: float = 600.0,
+                 where: str = "the output"):
         self._write = write
+        self.stall_seconds, self.where = stall_seconds, where
+        self._last_done = time.monotonic()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize)
         self._done: queue.SimpleQueue[Written] = queue.SimpleQueue()
         self._error: BaseException | None = None
@@ -172,6 +191,7 @@ class BackgroundWriter:
                 if self._error is None:  # after a failure, drop the rest: the run is failing
                     chunk, work, image, seconds = item
                     self._done.put(Written(chunk, work, seconds, self._write(chunk, work, image, seconds)))
+                    self._last_done = time.monotonic()
             except BaseException as e:  # handed to the generating thread
                 with self._error_lock:
                     if self._error is None:
@@ -187,12 +207,40 @@ class BackgroundWriter:
 
     def submit(self, chunk: int, item: Item, image: Any, seconds: float) -> None:
         self._raise()
-        self._queue.put((chunk, item, image, seconds))
+
+        def queued(timeout: float) -> bool:
+            try:
+                self._queue.put((chunk, item, image, seconds), timeout=timeout)
+            except queue.Full:
+                return False
+            return True
+
+        self._wait(queued, "a place in the queue of items to write")
 
     def wait_idle(self) -> None:
         """Wait until every submitted image is written (or dropped after an error)."""
-        self._queue.join()
+        done = self._queue.all_tasks_done
+
+        def idle(timeout: float) -> bool:
+            with done:
+                if self._queue.unfinished_tasks:
+                    done.wait(timeout)
+                return not self._queue.unfinished_tasks
+
+        self._wait(idle, "the items in the queue to be written")
         self._raise()
+
+    def _wait(self, ready: Callable[[float], bool], what: str) -> None:
+        """Until `ready(timeout)` says so, as long as writes finish: WriteStalled once none has for the bound
+        (counted from the later of the last write and the start of this wait)."""
+        start = time.monotonic()
+        while True:
+            quiet = time.monotonic() - max(self._last_done, start)
+            if quiet >= self.stall_seconds:
+                raise WriteStalled(f"waited {quiet:.0f}s for {what}: no write to {self.where} finished meanwhile "
+                                   "(parallelism.collectiveTimeoutSeconds); is it answering?")
+            if ready(min(1.0, self.stall_seconds - quiet)):
+                return
 
     def completed(self) -> list[Written]:
         out: list[Written] = []
@@ -203,12 +251,37 @@ class BackgroundWriter:
                 return out
 
     def close(self, raise_error: bool = True) -> None:
-        """Drain the queue, stop the threads; idempotent."""
+        """Drain the queue, stop the threads; idempotent. A thread stuck in a write past the bound is left
+        behind (a daemon: it goes with the process) and, with `raise_error`, WriteStalled says so."""
+        stalled: WriteStalled | None = None
         if not self._closed:
             self._closed = True
-            for _ in self._threads:
-                self._queue.put(_STOP)
-            for t in self._threads:
-                t.join()
+            try:
+                for _ in self._threads:
+                    self._wait(lambda timeout: _put(self._queue, _STOP, timeout), "the writer threads to stop")
+                for t in self._threads:
+                    self._wait(lambda timeout, t=t: not _join(t, timeout), "the writer threads to finish")
+            except WriteStalled as e:
+                stalled = e
         if raise_error:
             self._raise()
+            if stalled is not None:
+                raise stalled
+
+
+class WriteStalled(RuntimeError):
+    """No write of an item finished for the writer's bound while the run waited for one."""
+
+
+def _put(q: queue.Queue[Any], value: Any, timeout: float) -> bool:
+    try:
+        q.put(value, timeout=timeout)
+    except queue.Full:
+        return False
+    return True
+
+
+def _join(thread: threading.Thread, timeout: float) -> bool:
+    """Whether the thread is still alive after waiting for it."""
+    thread.join(timeout)
+    return thread.is_alive()

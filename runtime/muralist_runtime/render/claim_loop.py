@@ -20,8 +20,8 @@ from typing import Any
 from muralist_api.items import Item
 
 from ..model import pipeline
-from ..outputs import storage, writer
-from ..outputs.layouts import RenderedOutput, chunk_counts, failed_entry, part_path, read_part, write_part
+from ..outputs import requests, writer
+from ..outputs.layouts import RenderedOutput, chunk_counts, failed_entry, read_part, relisted, write_part
 from ..run_state import Job, NotSetUp, RunState
 from ..testing import faults
 from ..work import chunks, item_failures, rows
@@ -40,6 +40,7 @@ class ChunkRun:
 
     chunk: int
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stale: dict[str, list[str]] = field(default_factory=dict)  # on disk for another request: what changed
     order: list[str] = field(default_factory=list)  # keys submitted to the writer threads, in order
     done: dict[str, writer.Written] = field(default_factory=dict)  # written by the threads, not yet added
 
@@ -56,9 +57,12 @@ def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
             # The first pod's groups stay to the end for chunks that drained pods hand back (a group's
             # other ranks wait for them in the share below, told to go on waiting now and then).
             linger = job.runtime.spec.parallelism.collective_timeout_seconds if layout.pod_index == 0 else 0.0
-            own = chunks.dynamic_chunks(state.claims, job.work, lambda c: _finished(job, c), layout.group_index,
-                                      _tally(job, state), linger=linger, stop=drain.requested,
-                                      idle=state.progress.idle if linger else _busy)
+            # Done means counted in the store: a part file on disk may be of another request (run_chunk
+            # checks it, and counts it when it is this one's).
+            tally = _tally(job, state)
+            own = chunks.dynamic_chunks(state.claims, job.work, tally.counted, layout.group_index, tally,
+                                        linger=linger, stop=drain.requested,
+                                        idle=state.progress.idle if linger else _busy)
     while True:
         try:
             step = next(own, None) if own is not None else None
@@ -86,15 +90,6 @@ def _busy(_idle: bool) -> None:
     """A group that does not stay for handed-back chunks is never idle before it ends."""
 
 
-def _finished(job: Job, chunk: int) -> bool:
-    path = part_path(Path(job.runtime.output_dir), chunk)
-    return storage.at(path).exists(path)
-
-
-def _failed_in(job: Job, chunk: int) -> int:
-    return _part_counts(job, chunk)[1]
-
-
 def _part_counts(job: Job, chunk: int) -> chunks.ChunkCounts:
     """A finished chunk's counts, from its part file."""
     return chunk_counts(read_part(Path(job.runtime.output_dir), chunk) or [])
@@ -108,7 +103,9 @@ def generate(job: Job, pipe: Any, state: RunState) -> None:
     layout = state.world.layout
     start = time.perf_counter()
     if layout.writes_images:
-        state.background = writer.BackgroundWriter(state.layout.write)
+        state.background = writer.BackgroundWriter(
+            state.layout.write, stall_seconds=job.runtime.spec.parallelism.collective_timeout_seconds,
+            where=state.jobfile.where)
     rendered = 0
     gate = CacheGate.for_job(job.runtime, job.work.start, job.work.total_items)
     try:
@@ -134,39 +131,61 @@ def _threads(state: RunState) -> writer.BackgroundWriter:
     return state.background
 
 
-def _todo(job: Job, state: RunState, chunk: int, sweeping: bool) -> tuple[list[Item], ChunkRun | None]:
-    """The chunk's items left to render (shared by the group), and the writer's bookkeeping."""
+def _todo(job: Job, state: RunState, chunk: int, sweeping: bool) -> tuple[list[Item] | None, ChunkRun | None]:
+    """The chunk's items left to render, shared by the group (None: the chunk is done, for this request), and
+    the writer's bookkeeping."""
     begin, end = job.work.bounds(chunk)
     run = None
     todo: list[Item] | None = None
     if state.world.layout.writes_images:
         items = rows.items_of(job.rows.rows(begin, end), job.runtime.spec.generation)
-        run = ChunkRun(chunk, entries=state.layout.kept(chunk, items))
-        for key in run.entries:
-            state.progress.item_done(key, "skipped", 0.0)
-        todo = [i for i in items if i.key not in run.entries]
-        if sweeping:
-            todo.reverse()  # another group may still be on it: meet it in the middle
-        state.layout.begin_chunk(chunk, run.entries)
+        part = read_part(Path(job.runtime.output_dir), chunk)
+        if part is not None and _up_to_date(job, state, items, part):
+            # Done whole by an earlier attempt: count it, render nothing, and list its items as this run
+            # found them, kept (once: a part listed so already is left as it is).
+            listed = {e["key"]: e for e in part}
+            relist = [relisted(listed[i.key], i) for i in items]
+            if relist != part:
+                write_part(state.layout.root, chunk, relist)
+            for entry in relist:
+                state.progress.item_done(entry["key"], "skipped", 0.0)
+            _tally(job, state).count(chunk)
+        else:
+            kept = state.layout.kept(chunk, items)
+            run = ChunkRun(chunk, entries=kept.entries, stale=kept.stale)
+            for key in run.entries:
+                state.progress.item_done(key, "skipped", 0.0)
+            todo = [i for i in items if i.key not in run.entries]
+            if sweeping:
+                todo.reverse()  # another group may still be on it: meet it in the middle
+            state.layout.begin_chunk(chunk, run.entries)
     return state.world.share_in_group(todo), run
 
 
+def _up_to_date(job: Job, state: RunState, items: list[Item], part: list[dict[str, Any]]) -> bool:
+    """Whether a finished chunk's part file lists every item of the chunk, none failed, each made for the
+    request the item is now (outputs/requests.py)."""
+    entries = {e.get("key"): e for e in part}
+    for item in items:
+        entry = entries.get(item.key)
+        if entry is None or entry.get("status") == "failed":
+            return False
+        if requests.changed(job.runtime, item, entry, state.layout.trust) is not None:
+            return False
+    return True
+
+
 def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool, gate: CacheGate | None = None) -> int:
-    finished = state.world.share_in_group(
-        _finished(job, chunk) and _failed_in(job, chunk) == 0 if state.writes else None)
-    if finished:  # done whole by an earlier attempt: count it, render nothing
-        if state.writes:
-            _tally(job, state).count(chunk)
-        return 0
     todo, run = _todo(job, state, chunk, sweeping)
+    if todo is None:
+        return 0
     test = faults.TestKnobs.from_env()
     rendered = 0
     for batch in _batches(todo, job.runtime.spec.generation.batch_size):
         if state.world.share_in_group(drain.requested() if state.writes else None):
             _hand_back(job, state, chunk, run, test)
-        if sweeping:  # a duplicate may have finished some meanwhile
-            batch = state.world.share_in_group([i for i in batch if not state.layout.item_done(i)]
-                                               if run is not None else None)
+        if sweeping:  # a duplicate may have finished some meanwhile: those are kept
+            batch = state.world.share_in_group(_not_kept_meanwhile(state, run, batch) if run is not None else None)
         for item, image, reason, seconds in render_items(job, pipe, state, batch, gate):
             if run is None:
                 continue
@@ -174,6 +193,10 @@ def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool, 
                 run.entries[item.key] = failed_entry(job.runtime, item, state.world.layout.rank, reason)
                 state.progress.item_done(item.key, "failed", 0.0)
                 continue
+            assert image is not None
+            image.metadata.update(requests.record(job.runtime, item))
+            if item.key in run.stale:
+                image.metadata["replaced"] = run.stale[item.key]
             _threads(state).submit(chunk, item, image, seconds)
             run.order.append(item.key)
             rendered += 1
@@ -183,6 +206,16 @@ def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool, 
     if run is not None:
         _end_chunk(job, state, run, test)
     return rendered
+
+
+def _not_kept_meanwhile(state: RunState, run: ChunkRun, batch: list[Item]) -> list[Item]:
+    """The batch's items that no duplicate writer finished for this request meanwhile (those join the chunk's
+    entries as kept)."""
+    kept = state.layout.kept(run.chunk, batch)
+    for key, entry in kept.entries.items():
+        run.entries[key] = entry
+        state.progress.item_done(key, "skipped", 0.0)
+    return [i for i in batch if i.key not in kept.entries]
 
 
 def _batches(items: list[Item], size: int) -> list[list[Item]]:
@@ -270,7 +303,8 @@ def _add_written(state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None
     while run.order and run.order[0] in run.done:
         written = run.done.pop(run.order.pop(0))
         run.entries[written.item.key] = state.layout.add(run.chunk, written.item, written.result)
-        state.progress.item_done(written.item.key, "completed", written.seconds)
+        state.progress.item_done(written.item.key, "completed", written.seconds,
+                                 rerendered=written.item.key in run.stale)
         state.timings.setdefault("firstItemSeconds", time.perf_counter() - state.started)
         test.image_written(state.world.layout.rank)
 

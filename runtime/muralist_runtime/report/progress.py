@@ -55,12 +55,15 @@ class RankProgress:
     def counts(self) -> Counts:
         return self.state.counts
 
-    def item_done(self, key: str, status: str, seconds: float) -> None:
+    def item_done(self, key: str, status: str, seconds: float, rerendered: bool = False) -> None:
+        """An item finished: "completed" (rendered now; `rerendered`: in place of one made for another
+        request), "skipped" (kept from before) or "failed"."""
         if not self.writes:
             return
         counts = self.state.counts
         if status == "completed":
             counts.completed += 1
+            counts.rerendered += rerendered
             self.slowest_item_seconds = max(self.slowest_item_seconds, seconds)
         elif status == "skipped":
             counts.skipped += 1

@@ -59,7 +59,7 @@ class RankState:
     @classmethod
     def parse(cls, text: str) -> RankState:
         doc = json.loads(text)
-        return cls(Counts(*(int(doc.get(k, 0)) for k in ("completed", "skipped", "failed", "total"))),
+        return cls(Counts(*(int(doc.get(k, 0)) for k in ("completed", "skipped", "failed", "total", "rerendered"))),
                    int(doc.get("jobTotal", 0)), doc.get("lastStepTime"), doc.get("lastImageTime"),
                    bool(doc.get("done")), CacheSample.from_wire(doc.get("cacheVerify")), bool(doc.get("idle")))
 
@@ -142,6 +142,7 @@ def read_pod(directories: list[Path]) -> PodState:
             pod.counts.completed += one.counts.completed
             pod.counts.skipped += one.counts.skipped
             pod.counts.failed += one.counts.failed
+            pod.counts.rerendered += one.counts.rerendered
             pod.counts.total = max(pod.counts.total, one.job_total)
             pod.last_step_time = max(filter(None, (pod.last_step_time, one.last_step_time)), default=None)
             pod.last_image_time = max(filter(None, (pod.last_image_time, one.last_image_time)), default=None)

@@ -6,8 +6,8 @@ the chunk with its group) claims the next chunk from a counter in the work-claim
 job's first pod hosts (claims.py), across pods too: a slow GPU or a slow pod simply takes fewer.
 
 Each claim is recorded in the store: the chunk's owner, and the list of chunks a group owns.
-A pod that failed and is retried finds its groups' chunks there and finishes those not done on
-disk before claiming new ones. When the counter runs past the end, each group sweeps the
+A pod that failed and is retried finds its groups' chunks there and finishes those not finished
+before claiming new ones. When the counter runs past the end, each group sweeps the
 chunks once more and takes any that is neither done nor owned: a claim whose reply was lost,
 or one claimed before the store restarted. Two groups on one chunk (a rare race, or a store
 restart) render an item at most twice and write it idempotently. Seeds are a function of the
@@ -167,7 +167,9 @@ def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bo
                    sleep: Callable[[float], None] = time.sleep) -> Iterator[tuple[int, bool]]:
     """(chunk, sweeping) for one group: its own unfinished chunks, claimed ones, then a sweep.
 
-    `linger` (the first pod's groups of one rank): after the sweep, stay until every chunk is
+    `done`: whether a chunk is finished in this store's life (Tally.counted); a chunk with a part file on
+    disk is not done until the group that takes it has checked it was made for this request.
+    `linger` (the first pod's groups): after the sweep, stay until every chunk is
     finished and take the chunks that drained groups hand back after the others' sweeps passed
     them; stop staying once no chunk has finished anywhere for `linger` seconds (the merge's own
     bound then names what is missing); `idle` says when it waits there (quiet by right: no stall)
@@ -190,10 +192,7 @@ def dynamic_chunks(client: ClaimClient, plan: WorkPlan, done: Callable[[int], bo
         yield chunk, False
     for i in range(plan.chunks):
         chunk = (group + i) % plan.chunks
-        if done(chunk):
-            if tally is not None:
-                tally.count(chunk)  # done before the store's life began: count it now
-        elif claimable() and owner(client, chunk) is None and _take(client, chunk, group):
+        if not done(chunk) and claimable() and owner(client, chunk) is None and _take(client, chunk, group):
             yield chunk, True
     seen, last, since = 0, -1, clock()
     if linger:
@@ -281,9 +280,13 @@ class Tally:
         records = self.records()
         return JobTally(len(records), sum(c for c, _ in records.values()), sum(f for _, f in records.values()))
 
+    def counted(self, chunk: int) -> bool:
+        """Whether the chunk is finished in this store's life."""
+        return bool(self.client.text(f"{COUNTED}/{chunk}"))
+
     def count(self, chunk: int) -> None:
         """Count a chunk found finished on disk, unless it is counted already."""
-        if not self.client.text(f"{COUNTED}/{chunk}"):
+        if not self.counted(chunk):
             self.finished(chunk, *(self.counts_of(chunk) if self.counts_of else (0, 0, [])))
 
     def first_failures(self) -> list[str]:

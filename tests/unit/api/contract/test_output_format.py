@@ -31,9 +31,10 @@ def fixture(name: str, tmp_path: Path, job: str = "files", **output: object) -> 
     out = tmp_path / name
     if (FORMATS / name).is_dir():
         shutil.copytree(FORMATS / name, out)
-    spec = yaml.safe_load((FORMATS / "jobs" / f"{job}.yaml").read_text())["spec"]
+    manifest = yaml.safe_load((FORMATS / "jobs" / f"{job}.yaml").read_text())
+    spec = manifest["spec"]
     spec.setdefault("output", {}).update(output)
-    return RuntimeSpec.model_validate({"name": "formats", "spec": spec, "outputDir": str(out)})
+    return RuntimeSpec.model_validate({"name": manifest["metadata"]["name"], "spec": spec, "outputDir": str(out)})
 
 
 def plan_of(runtime: RuntimeSpec) -> chunks.WorkPlan:
@@ -43,7 +44,7 @@ def plan_of(runtime: RuntimeSpec) -> chunks.WorkPlan:
 def test_item_json_of_format_1_reads_as_todays_entry(tmp_path: Path) -> None:
     runtime = fixture("2a8e806-files", tmp_path)
     items = items_of(inline_rows(runtime).rows(0, 9), runtime.spec.generation)
-    kept = layouts.FilesLayout(runtime, rank=0).kept(0, items)
+    kept = layouts.FilesLayout(runtime, rank=0).kept(0, items).entries
     # 00003-000 has its JSON but no image (killed between the two): rendered again, not kept.
     assert sorted(kept) == ["00000-000", "00000-001", "00001-000", "00001-001", "00002-000", "00002-001"]
     entry = kept["00001-001"]
@@ -108,7 +109,7 @@ def test_an_output_format_no_version_writes_is_refused(tmp_path: Path, value: ob
 
 @pytest.mark.parametrize("name", ["2a8e806-files", "e831e2d-files", "a4144e8-files", "cd07f54-files", "7266f35-files"])
 def test_every_older_job_json_of_the_same_job_resumes(tmp_path: Path, name: str) -> None:
-    assert JobFile(fixture(name, tmp_path)).check_existing() is not None
+    assert JobFile(fixture(name, tmp_path)).check_existing()[0] is not None
 
 
 @pytest.mark.parametrize(("name", "job", "chunk_rows"), [
@@ -119,14 +120,15 @@ def test_every_older_job_json_of_the_same_job_resumes(tmp_path: Path, name: str)
 ])
 def test_each_fixture_resumes_in_its_own_chunks(tmp_path: Path, name: str, job: str, chunk_rows: int) -> None:
     runtime = fixture(name, tmp_path, job=job)
-    assert layouts.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing()).chunk_rows == chunk_rows
+    recorded, _ = JobFile(runtime).check_existing()
+    assert layouts.resumed_plan(runtime, plan_of(runtime), recorded).chunk_rows == chunk_rows
 
 
 def test_job_json_records_the_format_and_the_chunks(tmp_path: Path) -> None:
     jobfile = JobFile(fixture("new", tmp_path))
     jobfile.chunks = Chunks(0, 3)
     jobfile.write({"worldSize": 1})
-    recorded = jobfile.check_existing()
+    recorded, _ = jobfile.check_existing()
     assert recorded is not None
     assert (recorded["outputFormat"], recorded["plan"]) == (OUTPUT_FORMAT, {"firstRow": 0, "chunkRows": 3})
 
@@ -162,7 +164,7 @@ def test_a_resumed_folder_keeps_its_chunks_whatever_this_version_would_cut(tmp_p
     # taken for unfinished and rows 1-2 listed twice in the manifest.
     old = fixture("a4144e8-files", tmp_path)
     assert plan_of(old).chunk_rows == 1
-    assert layouts.resumed_plan(old, plan_of(old), JobFile(old).check_existing()).chunk_rows == 3
+    assert layouts.resumed_plan(old, plan_of(old), JobFile(old).check_existing()[0]).chunk_rows == 3
     assert layouts.resumed_plan(old, plan_of(old), None).chunk_rows == 3, "job.json gone: the parts still tell"
     new = fixture("new", tmp_path)
     assert layouts.resumed_plan(new, plan_of(new), None) == plan_of(new), "a new folder: this run's cut"
@@ -174,7 +176,7 @@ def test_a_webdataset_folder_of_other_shards_or_rows_is_refused(tmp_path: Path) 
     runtime = fixture("a4144e8-webdataset", tmp_path, job="webdataset", shardSize=3)
     with pytest.raises(PermanentFailure, match=r"^spec.output.shardSize: .* holds shards of 2 rows, this job asks "
                                                r"for 3; set shardSize 2 to resume it"):
-        layouts.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing())
+        layouts.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing()[0])
     moved = {"outputFormat": OUTPUT_FORMAT, "plan": {"firstRow": 4, "chunkRows": 3}}
     with pytest.raises(PermanentFailure, match=r"^spec.dataset.start: .* holds chunks counted from row 4, this job "
                                                r"starts at row 0"):

@@ -14,11 +14,11 @@ from muralist_runtime.work.chunks import make_plan
 from muralist_runtime.world.distributed import Layout
 
 
-def runtime(out: Path, steps: int = 2) -> RuntimeSpec:
+def runtime(out: Path, steps: int = 2, name: str = "w", shared: bool = False) -> RuntimeSpec:
     return RuntimeSpec.model_validate({
-        "name": "w", "outputDir": str(out),
+        "name": name, "outputDir": str(out),
         "spec": {"model": {"name": "muralist/tiny-flux", "dtype": "float32"}, "prompts": ["a cat", "a dog"],
-                 "generation": {"steps": steps}},
+                 "generation": {"steps": steps}, "output": {"shared": shared}},
     })
 
 
@@ -37,8 +37,32 @@ def test_the_host_writes_the_world_and_writers_get_a_prepared_layout(tmp_path: P
     assert silent is None, "a group's second rank writes nothing"
 
 
-def test_a_folder_of_other_parameters_is_refused(tmp_path: Path) -> None:
+def test_a_folder_of_another_job_is_refused_unless_shared(tmp_path: Path) -> None:
     work = make_plan(runtime(tmp_path).spec, 2, 0)
     open_job_folder(runtime(tmp_path), work, layout(0, 0))
-    with pytest.raises(PermanentFailure):
-        open_job_folder(runtime(tmp_path, steps=3), work, layout(0, 0))
+    # The same job with another setting resumes: each item's request digest says what is kept. Records of
+    # older versions (no digest) are kept only when the job-wide digest matches.
+    _, _, files = open_job_folder(runtime(tmp_path, steps=3), work, layout(0, 0))
+    assert files is not None and files.trust.legacy is False
+    before = json.loads((tmp_path / "job.json").read_text())
+    with pytest.raises(PermanentFailure) as refused:
+        open_job_folder(runtime(tmp_path, name="other"), work, layout(0, 0))
+    assert str(refused.value) == (
+        f"spec.output: {tmp_path} holds the outputs of DiffusionJob default/w, not of default/other; use another "
+        "spec.output.path, or set spec.output.shared: true to render into it (its items made for the same request "
+        "are kept)")
+    assert json.loads((tmp_path / "job.json").read_text()) == before, "refused before anything is written"
+    open_job_folder(runtime(tmp_path, name="other", shared=True), work, layout(0, 0))
+    assert json.loads((tmp_path / "job.json").read_text())["name"] == "other", "the folder is the sharer's now"
+
+
+def test_a_job_json_that_is_not_one_is_refused_and_one_that_cannot_be_read_is_retried(tmp_path: Path) -> None:
+    work = make_plan(runtime(tmp_path).spec, 2, 0)
+    (tmp_path / "job.json").write_text("{not json")
+    with pytest.raises(PermanentFailure, match=r"^spec.output.path: .*/job.json is not a job file of Muralist"):
+        open_job_folder(runtime(tmp_path), work, layout(0, 0))
+    assert (tmp_path / "job.json").read_text() == "{not json", "never overwritten"
+    (tmp_path / "job.json").unlink()
+    (tmp_path / "job.json").mkdir()  # reading it fails with an error that is not "missing"
+    with pytest.raises(OSError, match=r"cannot read .*/job\.json"):
+        open_job_folder(runtime(tmp_path), work, layout(0, 0))

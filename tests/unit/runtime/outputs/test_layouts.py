@@ -73,13 +73,80 @@ def test_png_bytes_do_not_depend_on_rank_or_time(tmp_path: Path) -> None:
 def test_done_means_image_and_metadata(files: layouts.FilesLayout) -> None:
     item = all_items(files.runtime)[0]
     # A kill between the two renames leaves the metadata only: not done, rendered again.
-    atomic_write_text(files.meta_path(item), "{}")
+    atomic_write_text(files.meta_path(item), json.dumps(layouts.metadata(files.runtime, item, 0, 0.1)))
     assert not files.item_done(item)
     files.image_path(item).write_bytes(b"x")
     assert files.item_done(item)
     kept = files.kept(0, all_items(files.runtime)[:2])
-    assert [(key, entry["key"], entry["index"], entry["status"]) for key, entry in kept.items()] == [
+    assert [(key, entry["key"], entry["index"], entry["status"]) for key, entry in kept.entries.items()] == [
         ("00000-000", "00000-000", 0, "skipped")]
+
+
+def rendered(spec: RuntimeSpec, item) -> layouts.RenderedOutput:  # type: ignore[no-untyped-def]
+    """An output as the claim loop hands it to the writer: with its request's record."""
+    from muralist_runtime.outputs import requests
+
+    return layouts.RenderedOutput(image=IMG.image, metadata=requests.record(spec, item))
+
+
+def corrected(out: Path, **fields) -> RuntimeSpec:  # type: ignore[no-untyped-def]
+    """runtime(out) with its first prompt replaced (a corrected manifest, applied again)."""
+    spec = runtime(out)
+    doc = spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    doc["spec"]["prompts"][0] = fields.get("prompt", doc["spec"]["prompts"][0])
+    doc["spec"]["generation"].update(fields.get("generation", {}))
+    return RuntimeSpec.model_validate(doc)
+
+
+def test_an_item_on_disk_is_kept_only_for_the_request_it_was_made_for(tmp_path: Path) -> None:
+    spec = runtime(tmp_path)
+    layout = layouts.FilesLayout(spec, rank=0)
+    layout.prepare()
+    items = all_items(spec)
+    for item in items:
+        layout.write(0, item, rendered(spec, item), 0.1)
+    assert sorted(layout.kept(0, items).entries) == [i.key for i in items] and not layout.kept(0, items).stale
+    # The first prompt corrected: both of its images are made for another request now.
+    fixed = corrected(tmp_path, prompt="a green square on a white background")
+    kept = layouts.FilesLayout(fixed, rank=0).kept(0, all_items(fixed))
+    assert kept.stale == {"00000-000": ["prompt"], "00000-001": ["prompt"]}
+    assert sorted(kept.entries) == ["00001-000", "00001-001"]
+    # Another base seed: every item here numbers its seed from it.
+    reseeded = corrected(tmp_path, generation={"seed": 5})
+    assert layouts.FilesLayout(reseeded, rank=0).kept(0, all_items(reseeded)).stale == {
+        i.key: ["seed"] for i in items}
+    # A setting every item shares: the digest says so (the record's own fields are the same).
+    stepped = corrected(tmp_path, generation={"steps": 3})
+    assert layouts.FilesLayout(stepped, rank=0).kept(0, all_items(stepped)).stale == {
+        i.key: ["request"] for i in items}
+
+
+def test_a_replaced_output_goes_before_its_new_metadata_is_written(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = runtime(tmp_path)
+    layout = layouts.FilesLayout(spec, rank=0)
+    layout.prepare()
+    item = all_items(spec)[0]
+    layout.write(0, item, rendered(spec, item), 0.1)
+    fixed = corrected(tmp_path, prompt="a green square")
+    new_item = all_items(fixed)[0]
+    again = layouts.FilesLayout(fixed, rank=0)
+    output = rendered(fixed, new_item)
+    output.metadata["replaced"] = ["prompt"]
+
+    def killed(path: Path, data: bytes) -> None:  # the writer dies before the new output is written
+        if path.suffix == ".png":
+            raise OSError("killed")
+        atomic_write_text(path, data.decode()) if path.suffix == ".json" else None
+
+    monkeypatch.setattr(layouts, "atomic_write_bytes", killed)
+    with pytest.raises(OSError, match="killed"):
+        again.write(0, new_item, output, 0.1)
+    assert not again.item_done(new_item), "never the new record beside the old picture: rendered again"
+    monkeypatch.undo()
+    again.write(0, new_item, output, 0.1)
+    assert json.loads(again.meta_path(new_item).read_text())["prompt"] == "a green square"
+    assert new_item.key in again.kept(0, [new_item]).entries
 
 
 def test_prepare_removes_temp_files_of_dead_writers(files: layouts.FilesLayout) -> None:
@@ -176,8 +243,8 @@ def test_webdataset_shard_per_chunk_and_a_retry_keeps_what_it_had(tmp_path: Path
                                   "00001-000.png", "00001-000.json"]
     # A later attempt renders only the failed item and keeps the others' members.
     kept = layout.kept(0, items)
-    assert sorted(kept) == ["00000-000", "00000-001", "00001-000"]
-    layout.begin_chunk(0, kept)
+    assert sorted(kept.entries) == ["00000-000", "00000-001", "00001-000"] and not kept.stale
+    layout.begin_chunk(0, kept.entries)
     layout.add(0, items[3], layout.write(0, items[3], IMG, 0.1))
     layout.end_chunk(0)
     assert [key for key, _ in shards.read_shard(tmp_path / "shards" / "shard-000000.tar")] == [
@@ -206,9 +273,13 @@ def test_job_json_and_mixing_refused(tmp_path: Path) -> None:
     job = json.loads((tmp_path / "job.json").read_text())
     assert job["world"] == {"worldSize": 2} and job["spec"]["outputDir"] == str(tmp_path)
     assert job["versions"]["diffusers"] and job["digestVersion"] == 2
-    JobFile(runtime(tmp_path)).check_existing()  # same parameters: resume
-    with pytest.raises(PermanentFailure, match=r"^spec.output.path: "):
-        JobFile(runtime(tmp_path, steps=3)).check_existing()
+    recorded, trust = JobFile(runtime(tmp_path)).check_existing()  # same parameters: resume
+    assert recorded == job and trust.legacy
+    # Other settings of the same job: items are kept by their request digests, records of older versions not.
+    assert JobFile(runtime(tmp_path, steps=3)).check_existing()[1].legacy is False
+    other = runtime(tmp_path).model_copy(update={"name": "x"})
+    with pytest.raises(PermanentFailure, match=r"^spec.output: .* holds the outputs of DiffusionJob default/w"):
+        JobFile(other).check_existing()
 
 
 def legacy_job_json(spec: RuntimeSpec, drop: tuple[str, ...]) -> dict:
@@ -224,9 +295,8 @@ def test_an_output_folder_of_an_older_version_resumes(tmp_path: Path) -> None:
     # An operator or runtime upgrade mid-job adds spec fields with defaults: the folder its
     # first pod group wrote must resume, not fail permanently.
     (tmp_path / "job.json").write_text(json.dumps(legacy_job_json(runtime(tmp_path), ("vaeTiling", "compile"))))
-    JobFile(runtime(tmp_path)).check_existing()
-    with pytest.raises(PermanentFailure, match="other model/generation parameters"):
-        JobFile(runtime(tmp_path, steps=3)).check_existing()
+    assert JobFile(runtime(tmp_path)).check_existing()[1].legacy, "its records are kept by what they name"
+    assert not JobFile(runtime(tmp_path, steps=3)).check_existing()[1].legacy, "other settings: rendered again"
 
 
 def test_digest_covers_pixels_only_and_ignores_defaults() -> None:
@@ -280,6 +350,29 @@ def test_background_writer_queue_is_bounded() -> None:
     blocked.join(5)
     bg.close()
     assert [w.item for w in bg.completed()] == tasks
+
+
+def test_a_write_that_never_finishes_fails_the_run_after_the_bound_naming_the_output() -> None:
+    import threading
+    import time
+
+    from muralist_runtime.outputs.writer import BackgroundWriter, WriteStalled
+
+    hung = threading.Event()
+    bg = BackgroundWriter(lambda *_args: hung.wait(30), maxsize=1, threads=1, stall_seconds=0.5,
+                          where="s3://results/cats")
+    bg.submit(0, object(), IMG, 0.0)  # the thread hangs in it
+    bg.submit(0, object(), IMG, 0.0)  # queued
+    start = time.monotonic()
+    with pytest.raises(WriteStalled, match=r"^waited \d+s for a place in the queue of items to write: no write to "
+                                           r"s3://results/cats finished meanwhile"):
+        bg.submit(0, object(), IMG, 0.0)
+    with pytest.raises(WriteStalled, match="for the items in the queue to be written"):
+        bg.wait_idle()
+    with pytest.raises(WriteStalled):
+        bg.close()
+    assert time.monotonic() - start < 10, "each wait ends at its bound"
+    hung.set()
 
 
 def test_background_writer_completion_order_is_free_and_all_counted(files: layouts.FilesLayout) -> None:

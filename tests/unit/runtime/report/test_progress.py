@@ -21,7 +21,7 @@ def test_progress_lines_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(line.startswith(contract.PROGRESS_LINE_PREFIX) for line in lines)
     last = json.loads(lines[-1].removeprefix(contract.PROGRESS_LINE_PREFIX))
     assert last == {"event": "completed", "key": "00001-000", "rank": 2, "completed": 1,
-                    "skipped": 1, "failed": 0, "total": 2, "seconds": 1.2346}
+                    "skipped": 1, "failed": 0, "total": 2, "rerendered": 0, "seconds": 1.2346}
 
 
 def test_step_times_advance_with_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -122,7 +122,7 @@ def test_what_the_runtime_posts_is_what_the_operator_reads(operator: FakeOperato
     assert read.last_step_time is not None and read.last_image_time is not None
     # The wire's names and shapes are those older operators read: camelCase keys, times to the second in UTC.
     assert list(post["body"]) == ["pod", "index", "attempt", "ranks", "completed", "skipped", "failed", "total",
-                                  "lastStepTime", "lastImageTime", "sentAt", "final", "done"]
+                                  "rerendered", "lastStepTime", "lastImageTime", "sentAt", "final", "done"]
     assert post["body"]["sentAt"].endswith("Z") and len(post["body"]["sentAt"]) == len("2026-01-01T00:00:00Z")
 
 
