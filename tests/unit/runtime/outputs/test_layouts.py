@@ -268,6 +268,64 @@ def test_merge_streams_parts_into_manifest_index_and_gallery(tmp_path: Path) -> 
     assert "00001-001.png" in (tmp_path / "index.html").read_text()
 
 
+def test_the_merge_fails_retryably_naming_a_missing_part_and_who_held_it(tmp_path: Path) -> None:
+    from muralist_runtime.work.chunks import WorkPlan
+
+    spec = runtime(tmp_path)
+    layout = layouts.FilesLayout(spec, rank=0)
+    layout.prepare()
+    items = all_items(spec)
+    plan = WorkPlan(start=0, rows=2, chunk_rows=1, images_per_prompt=2)
+    layouts.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
+
+    def held(chunk: int) -> str:
+        return "pod 1" if chunk == 1 else ""
+
+    # Chunk 1 was rendered by pod 1 on an emptyDir of its own: its part is not where the first pod looks.
+    with pytest.raises(merge.MergeIncomplete) as missing:
+        merge.merge(tmp_path, 2, "w", 200, {}, plan=plan, holder=held)
+    assert str(missing.value) == (
+        f"no part file for 1 chunk(s) in {tmp_path}: 1 (rendered by pod 1); the first pod cannot see them: is "
+        "spec.output a volume every pod mounts (a ReadWriteMany volume, or a uri)? Failing this pod, so that its "
+        "retry renders them again")
+    assert not (tmp_path / "manifest.jsonl").exists() and not (tmp_path / "index.html").exists(), "nothing published"
+    # A part that lists less than its chunk: never a success either.
+    layouts.write_part(tmp_path, 1, [layout.write(1, items[2], IMG, 0.1)])
+    with pytest.raises(merge.MergeIncomplete, match=r"^parts/chunk-000001.jsonl does not list its chunk's items "
+                                                    r"exactly once \(chunk 1, rendered by pod 1\): missing 00001-001"):
+        merge.merge(tmp_path, 2, "w", 200, {}, plan=plan, holder=held)
+    assert not (tmp_path / "manifest.jsonl").exists()
+    layouts.write_part(tmp_path, 1, [layout.write(1, i, IMG, 0.1) for i in items[2:]])
+    assert merge.merge(tmp_path, 2, "w", 200, {}, plan=plan, holder=held) == {"rendered": 4}
+
+
+def test_the_merge_tries_a_part_that_cannot_be_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from muralist_runtime.work.chunks import WorkPlan
+
+    spec = runtime(tmp_path)
+    layout = layouts.FilesLayout(spec, rank=0)
+    layout.prepare()
+    items = all_items(spec)
+    plan = WorkPlan(start=0, rows=1, chunk_rows=1, images_per_prompt=2)
+    layouts.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
+    load = layouts.load_part
+    failures = iter([OSError(5, "Input/output error")] * 2)
+
+    def flaky(root: Path, chunk: int):  # type: ignore[no-untyped-def]
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        return load(root, chunk)
+
+    monkeypatch.setattr(layouts, "load_part", flaky)
+    monkeypatch.setattr(merge, "READ_PAUSE_SECONDS", 0.01)
+    assert merge.merge(tmp_path, 1, "w", 200, {}, plan=plan) == {"rendered": 2}, "read on the third try"
+    monkeypatch.setattr(layouts, "load_part", lambda root, chunk: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    with pytest.raises(merge.MergeIncomplete, match=r"^parts/chunk-000000.jsonl \(chunk 0\) cannot be read \(I/O "
+                                                    r"error\) after 4 tries"):
+        merge.merge(tmp_path, 1, "w", 200, {}, plan=plan)
+
+
 def test_job_json_and_mixing_refused(tmp_path: Path) -> None:
     JobFile(runtime(tmp_path)).write({"worldSize": 2})
     job = json.loads((tmp_path / "job.json").read_text())
