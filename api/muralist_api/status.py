@@ -33,8 +33,13 @@ MAX_FAILURE_MESSAGE = 300
 class Progress(ApiModel):
     summary: str = Field("", description="completed/total and percent, for `kubectl get dj`.")
     total: int = Field(0, description="Images the job renders in all.")
-    completed: int = Field(0, description="Images on the volume (including ones kept from before a retry).")
+    completed: int = Field(0, description="Images on the volume (including ones kept from before a retry). Once "
+                           "the job has merged: the merged manifest's count.")
     failed: int = Field(0, description="Images that could not be rendered.")
+    kept: int = Field(0, description="Of completed: images kept from before (an earlier run or attempt made them "
+                      "for the same request), not rendered again.")
+    rerendered: int = Field(0, description="Of completed: images rendered again in place of ones made for another "
+                            "request (a corrected prompt, an edited row, a replaced input).")
     percent: float | None = Field(None, description="(completed + failed) / total, in percent; unset while the "
                                   "total is unknown.")
     images_per_second: float | None = Field(None, description="Images rendered per second over the last minute, "

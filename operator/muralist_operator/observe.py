@@ -9,6 +9,7 @@ name or labels say (`owned_by`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -89,6 +90,8 @@ class PodView:
     # The runtime's final summary (termination message), whatever the exit code: the source of
     # truth for a finished pod's counts, pushed progress or not.
     counts: contract.Counts | None = None
+    # The whole job's items as the merge found them (the first pod's message, once it merged).
+    merged: contract.Counts | None = None
     cache_sample: contract.CacheSample | None = None  # generation.cache.verify, from the termination message
     gated: bool = False  # held back by a scheduling gate (Kueue's, until it admits the size that counts the pod)
     owner_uid: str = ""  # its controller's: the Job that created it
@@ -183,7 +186,7 @@ def _int(value: Any, default: int) -> int:
 
 def pod_view(body: Mapping[str, Any]) -> PodView:
     meta, status = body.get("metadata", {}), body.get("status") or {}
-    termination, counts, finished, cache_sample = None, None, None, None
+    termination, counts, finished, cache_sample, merged = None, None, None, None, None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if not term:
@@ -192,7 +195,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         message = term.get("message", "") or ""
         report = contract.Termination.parse(message) if message else None
         if report is not None:
-            counts, cache_sample = report.counts, report.cache_sample
+            counts, cache_sample, merged = report.counts, report.cache_sample, report.job
         if term.get("exitCode", 0) != 0:
             termination = Termination(exit_code=int(term.get("exitCode", 1)), reason=term.get("reason", ""),
                                       message=message)
@@ -213,6 +216,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         created=meta.get("creationTimestamp"),
         finished=finished,
         counts=counts,
+        merged=merged,
         cache_sample=cache_sample,
         gated=bool((body.get("spec") or {}).get("schedulingGates")),
         owner_uid=controller_uid(body),
@@ -263,3 +267,19 @@ def controller_name(body: Mapping[str, Any], kind: str) -> str | None:
 
 def owner_of(body: Mapping[str, Any]) -> str | None:
     return ((body.get("metadata") or {}).get("labels") or {}).get(LABEL_JOB)
+
+
+def merged_progress(progress: JobProgress | None, pods: list[PodView]) -> JobProgress | None:
+    """The job's progress, with the merged manifest's counts once the first pod merged (its termination
+    message says what the merge found): the status then says what the output holds, not what the pods
+    counted while they rendered (which a retry or a kept chunk may have counted otherwise)."""
+    merged = next((p.merged for p in pods if p.index == 0 and p.terminal and p.merged is not None), None)
+    if merged is None:
+        return progress
+    done = merged.completed + merged.skipped
+    total = merged.total or (progress.total if progress is not None else 0)
+    base = progress or JobProgress(completed=0, failed=0, total=total, percent=None, images_per_second=None,
+                                   estimated_seconds_remaining=None, ranks=0, indexes={})
+    return dataclasses.replace(base, completed=done, failed=merged.failed, total=total, kept=merged.skipped,
+                               rerendered=merged.rerendered, estimated_seconds_remaining=0,
+                               percent=min(100.0, round(100.0 * (done + merged.failed) / total, 1)) if total else None)

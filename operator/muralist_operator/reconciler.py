@@ -62,7 +62,7 @@ from muralist_operator.decision import (
 )
 from muralist_operator.kube import Kube, NameHeld, NameTaken
 from muralist_operator.lifecycle import decide
-from muralist_operator.observe import ChildView, JobView, Observed, PodView, WarningEvent
+from muralist_operator.observe import ChildView, JobView, Observed, PodView, WarningEvent, merged_progress
 from muralist_operator.policies import deadline, stall, start, ttl
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import PodInfo
@@ -226,8 +226,8 @@ class Reconciler:
                 c = pod.counts
                 self.aggregator.record(key, ProgressReport.model_construct(
                     pod=pod.name, index=pod.index, attempt=pod.failure_count, ranks=1, completed=c.completed,
-                    skipped=c.skipped, failed=c.failed, total=c.total, last_step_time=None, last_image_time=None,
-                    sent_at=datetime.now(UTC), final=True), now=None, posted=False)
+                    skipped=c.skipped, failed=c.failed, total=c.total, rerendered=c.rerendered, last_step_time=None,
+                    last_image_time=None, sent_at=datetime.now(UTC), final=True), now=None, posted=False)
         # Read before the snapshot: a report landing in between is then written again, not lost.
         changes = self.aggregator.changes(key)
         clocks = self._start_clocks(key, current, pods, now)
@@ -236,7 +236,8 @@ class Reconciler:
         if job is not None and all(name in self.indexes for name in CHILD_INDEXES):
             views: list[ChildView] = [c for name in CHILD_INDEXES for c in self._values(name, key)]
             owned = frozenset((c.kind, c.name) for c in views if c.owner_uid == uid)
-        return Observed(job=current, pods=pods, progress=self.aggregator.snapshot(key), progress_changes=changes,
+        progress = merged_progress(self.aggregator.snapshot(key), pods)
+        return Observed(job=current, pods=pods, progress=progress, progress_changes=changes,
                         events=self._warning_events(key, start.event_subjects(found, now)), start_clocks=clocks,
                         children=owned,
                         expected_children=child_names(job, self.settings) if job is not None else frozenset())

@@ -118,6 +118,10 @@ class JobProgress:
     # The last post refused for the job, and when the refusals began (None once a post is accepted).
     last_error: PostError | None = None
     refused_since: datetime | None = None
+    # Of `completed`: kept from before (made for the same request), and rendered again in place of an
+    # output made for another request. The pods' counts while the job runs, the merged manifest's at its end.
+    kept: int = 0
+    rerendered: int = 0
 
     @property
     def oldest_progress_time(self) -> datetime | None:
@@ -131,6 +135,8 @@ class JobProgress:
             "completed": self.completed,
             "failed": self.failed,
             "total": self.total,
+            "kept": self.kept,
+            "rerendered": self.rerendered,
             "percent": self.percent,
             "imagesPerSecond": self.images_per_second,
             "estimatedSecondsRemaining": self.estimated_seconds_remaining,
@@ -198,7 +204,7 @@ def _merge(old: ProgressReport, new: ProgressReport) -> ProgressReport:
     return ProgressReport.model_construct(
         pod=new.pod, index=new.index, attempt=new.attempt, ranks=new.ranks,
         completed=max(old.completed, new.completed), skipped=max(old.skipped, new.skipped),
-        failed=max(old.failed, new.failed), total=new.total,
+        failed=max(old.failed, new.failed), total=new.total, rerendered=max(old.rerendered, new.rerendered),
         last_step_time=later(old.last_step_time, new.last_step_time),
         last_image_time=later(old.last_image_time, new.last_image_time),
         sent_at=max(old.sent_at, new.sent_at), final=old.final or new.final,
@@ -400,6 +406,8 @@ class Aggregator:
                 completed=done,
                 failed=failed,
                 total=total,
+                kept=sum(s.report.skipped for s in state.slots.values()),
+                rerendered=sum(s.report.rerendered for s in state.slots.values()),
                 percent=min(100.0, round(100.0 * (done + failed) / total, 1)) if total else None,
                 images_per_second=None if rate is None else round(rate, 3),
                 estimated_seconds_remaining=eta,

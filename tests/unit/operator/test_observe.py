@@ -84,3 +84,31 @@ def test_indexes_key_children_by_their_controller_not_their_label() -> None:
                                        "annotations": {"batch.kubernetes.io/job-completion-index": "0"}}}
     [(key, view)] = handlers.muralist_pods(namespace="ns", body=pod).items()
     assert key == ("ns", "cats") and (view.index, view.owner_uid) == (0, "j")
+
+
+def finished_pod(index: int, message: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    annotations = {"batch.kubernetes.io/job-completion-index": str(index)}
+    return {"metadata": {"name": f"cats-{index}", "annotations": annotations},
+            "status": {"phase": "Succeeded", "containerStatuses": [
+                {"state": {"terminated": {"exitCode": 0, "message": json.dumps(message)}}}]}}
+
+
+def test_once_the_first_pod_merged_the_status_counts_are_the_manifests() -> None:
+    from muralist_operator.observe import merged_progress
+    from muralist_operator.progress.aggregate import JobProgress
+
+    # What the pods counted while they rendered: pod 1's retry counted a chunk again, pod 0 kept one it found.
+    counted = JobProgress(completed=9, failed=0, total=8, percent=100.0, images_per_second=2.0,
+                          estimated_seconds_remaining=0, ranks=2, indexes={}, kept=1, rerendered=0)
+    pods = [pod_view(finished_pod(1, {"completed": 5, "skipped": 0, "failed": 0, "total": 8})),
+            pod_view(finished_pod(0, {"completed": 3, "skipped": 1, "failed": 0, "total": 8,
+                                      "job": {"completed": 6, "skipped": 1, "failed": 1, "total": 8,
+                                              "rerendered": 2}}))]
+    assert merged_progress(counted, pods[:1]) == counted, "not merged yet: the pods' counts"
+    merged = merged_progress(counted, pods)
+    assert merged is not None
+    assert (merged.completed, merged.failed, merged.total, merged.kept, merged.rerendered, merged.percent) == (
+        7, 1, 8, 1, 2, 100.0)
+    assert merged.status_fields()["kept"] == 1 and merged.images_per_second == 2.0
