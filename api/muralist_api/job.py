@@ -14,7 +14,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from muralist_api.base import ApiModel, KubeObject, relative_path
 from muralist_api.cel import CelRule, cel_list, python_rule
@@ -546,7 +546,9 @@ class DiffusionJobSpec(ApiModel):
         return [PromptSpec(text=p) if isinstance(p, str) else p for p in self.prompts]
 
     @model_validator(mode="after")
-    def _cross_field_rules(self) -> DiffusionJobSpec:
+    def _cross_field_rules(self, info: ValidationInfo) -> DiffusionJobSpec:
+        if isinstance(info.context, dict) and info.context.get(problems.CROSS_FIELD_RULES) is False:
+            return self
         found = [f"{path}: {message}" for path, message in problems.spec_problems(self)]
         if found:
             raise ValueError("\n".join(found))

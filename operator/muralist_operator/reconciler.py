@@ -376,10 +376,14 @@ class Reconciler:
         observed: Observed | None = None
         try:
             started = status.phase != Phase.PENDING or bool(self._values("muralist_jobs", key))
-            job, unknown = skew.read_job(manifest, started)
+            rules: list[str] = []
+            try:
+                job, unknown = skew.read_job(manifest, started)
+            except ValidationProblem as refused:  # a rule added since a running job was admitted
+                (job, rules), unknown = skew.read_admitted(manifest, started, refused), []
             observed = self.observe(key, job, now)
             decision = decide(job, status, generation, observed, now)
-            skew.note_unknown(decision, unknown + reading.unknown, now, generation)
+            skew.note_unknown(decision, unknown + reading.unknown, now, generation, rules)
             children = self._render(job, key, decision)
         except skew.NewerSpec as e:
             job, decision = None, skew.wait_for_operator(status, generation, e, now)

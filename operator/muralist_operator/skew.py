@@ -14,6 +14,10 @@ fails a job, and nothing is reset:
   that has not started (or is no valid job without them) is left as it is, saying what it waits for,
   until an operator that knows them runs it (`wait_for_operator`). Only an operator that knows every
   field of a spec creates its children.
+- `read_admitted`: a job that has started and that this operator's cross-field rules refuse (a rule added
+  since it was admitted: spec.output of several pods on an emptyDir, a key of extraArgs) goes on as it
+  was admitted, each field checked alone, with the VersionSkew condition naming what the rules say: an
+  upgrade never fails a running job. A new job of that spec is refused.
 
 Pure functions; the reconciler calls them and writes what they return.
 """
@@ -35,6 +39,7 @@ from muralist_operator.decision import Decision, Event, Transition, find_conditi
 CONDITION = "VersionSkew"
 REASON_UNKNOWN_FIELDS = "UnknownFields"
 REASON_STATUS_UNREADABLE = "StatusUnreadable"
+REASON_RULES_CHANGED = "RulesChanged"
 
 
 @dataclass(frozen=True)
@@ -95,18 +100,35 @@ def read_job(manifest: Any, started: bool) -> tuple[DiffusionJob, list[UnknownFi
     return job, unknown
 
 
-def note_unknown(decision: Decision, unknown: list[UnknownField], now: datetime, generation: int | None) -> None:
-    """The VersionSkew condition names the fields set aside (with an event when that changes); it goes
-    once there are none."""
+def read_admitted(manifest: Any, started: bool, refused: ValidationProblem) -> tuple[DiffusionJob, list[str]]:
+    """A started job that this operator's cross-field rules refuse, read with each field checked alone,
+    and what the rules say; `refused` is raised again when the job has not started or is no job even so."""
+    if not started:
+        raise refused
+    try:
+        return parse_job(manifest, cross_field_rules=False), refused.problems
+    except ValidationProblem:
+        raise refused from None
+
+
+def note_unknown(decision: Decision, unknown: list[UnknownField], now: datetime, generation: int | None,
+                 rules: list[str] | None = None) -> None:
+    """The VersionSkew condition names the fields set aside and the rules a running job was admitted
+    without (with an event when that changes); it goes once there are none."""
     conditions = decision.status.conditions
-    if not unknown:
+    if not unknown and not rules:
         decision.status.conditions = [c for c in conditions if c.type != CONDITION]
         return
-    message = operator_lacks(unknown) + "; the job goes on without them"
+    said = [operator_lacks(unknown) + "; the job goes on without them"] if unknown else []
+    if rules:
+        said.append(f"this operator's rules refuse the spec ({'; '.join(rules)}); it was admitted before them and "
+                    "goes on as it is, a new job like it would be refused")
+    message = "; ".join(said)[:2000]
+    reason = REASON_UNKNOWN_FIELDS if unknown else REASON_RULES_CHANGED
     existing = find_condition(conditions, CONDITION)
     if existing is None or existing.message != message:
-        decision.events.append(Event("Warning", REASON_UNKNOWN_FIELDS, message))
-    set_condition(conditions, CONDITION, True, REASON_UNKNOWN_FIELDS, message, now, generation)
+        decision.events.append(Event("Warning", reason, message))
+    set_condition(conditions, CONDITION, True, reason, message, now, generation)
 
 
 def wait_for_operator(status: DiffusionJobStatus, generation: int | None, newer: NewerSpec, now: datetime) -> Decision:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
+# The validation context's key that turns spec_problems off (parse_job's cross_field_rules).
+CROSS_FIELD_RULES = "crossFieldRules"
 # What a message shows of a value the user wrote: enough to recognise it, never a megabyte.
 SHOWN_CHARS = 80
 
@@ -121,8 +123,10 @@ def name_problem(name: str, nodes: int) -> str | None:
     return None
 
 
-def parse_job(manifest: Any) -> DiffusionJob:
-    """Validate a manifest (a dict from YAML) or raise ValidationProblem naming every field."""
+def parse_job(manifest: Any, cross_field_rules: bool = True) -> DiffusionJob:
+    """Validate a manifest (a dict from YAML) or raise ValidationProblem naming every field.
+    `cross_field_rules=False` checks each field alone (the operator reading a job admitted under older
+    rules: operator/muralist_operator/skew.py)."""
     from muralist_api.job import API_VERSION, KIND, DiffusionJob
 
     if not isinstance(manifest, dict):
@@ -142,7 +146,7 @@ def parse_job(manifest: Any) -> DiffusionJob:
         if problem:
             problems.append(problem)
     try:
-        job = DiffusionJob.model_validate(manifest)
+        job = DiffusionJob.model_validate(manifest, context={CROSS_FIELD_RULES: cross_field_rules})
     except ValidationError as e:
         problems.extend(problems_from(e))
         raise ValidationProblem(problems) from None

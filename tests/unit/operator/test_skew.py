@@ -137,6 +137,41 @@ def test_a_running_job_with_a_field_of_a_newer_crd_goes_on_and_says_so() -> None
     assert "Failed" not in [c["type"] for c in kube.body["status"]["conditions"]]
 
 
+def admitted_under_older_rules() -> dict[str, Any]:
+    """A running job that this operator's rules refuse: two pods on the default output (an emptyDir each),
+    admitted by an operator before that rule."""
+    body = make_job("cats").world(nodes=2, gpus=1).obj()
+    del body["spec"]["output"]
+    return body
+
+
+def test_a_started_job_that_rules_added_since_refuse_is_read_field_by_field() -> None:
+    with pytest.raises(ValidationProblem) as refused:
+        skew.read_job(admitted_under_older_rules(), started=True)
+    job, rules = skew.read_admitted(admitted_under_older_rules(), True, refused.value)
+    assert job.spec.parallelism.nodes == 2 and rules[0].startswith("spec.output: spec.output sets no volume")
+    with pytest.raises(ValidationProblem):
+        skew.read_admitted(admitted_under_older_rules(), False, refused.value)
+    with pytest.raises(ValidationProblem):  # a field no version takes is no older rule's
+        skew.read_admitted(manifest(generation={"steps": 0}), True, refused.value)
+
+
+def test_an_upgrade_never_fails_a_running_job_that_its_new_rules_refuse() -> None:
+    body = admitted_under_older_rules()
+    body["status"] = {"phase": "Running", "startTime": "2026-11-30T11:59:00Z"}
+    r, kube = reconciler(body, running=True)
+    r.reconcile(*KEY, fresh=True)
+    status = kube.body["status"]
+    assert status["phase"] == "Running"
+    [skewed] = [c for c in status["conditions"] if c["type"] == "VersionSkew"]
+    assert skewed["reason"] == "RulesChanged" and "spec.output" in skewed["message"]
+    assert [reason for reason, _ in kube.events] == ["RulesChanged"]
+    # A new job of that spec is refused.
+    fresh, kube = reconciler(admitted_under_older_rules(), running=False)
+    fresh.reconcile(*KEY, fresh=True)
+    assert kube.body["status"]["phase"] == "Failed" and kube.created == []
+
+
 def test_a_new_job_with_a_field_of_a_newer_crd_waits_and_creates_nothing() -> None:
     r, kube = reconciler(manifest(runPolicy={"futureRetries": 2}), running=False)
     r.reconcile(*KEY, fresh=True)
