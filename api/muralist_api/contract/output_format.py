@@ -21,7 +21,12 @@ Versions (tests/fixtures/formats/ holds a partial folder of each, written by the
    cache-off.json.
 4. 7266f35 ..: job.json records `outputFormat` and the folder's chunks, `plan: {firstRow,
    chunkRows}`: a resume keeps the folder's chunks whatever the world size or this version's
-   chunking.
+   chunking. Fields added since, optional for a reader: an item's `requestDigest` and `inputs`
+   (the request it was made for: contract/resume.py) and `replaced` (what changed when it was made
+   again); job.json's `items.rerendered`. A record without a request digest is an older version's:
+   resume.py says when it is kept (the job-wide digest, then what the record names). A resume lists
+   the items it kept with status "skipped" in their chunk's part file (the entries otherwise as they
+   were).
 
 This runtime resumes every version from 1 to OUTPUT_FORMAT. How older ones are read:
 - `read_entry`: an item's JSON or a part file's line of any version, as today's entry (the
