@@ -80,6 +80,11 @@ class NameTaken(Exception):
         self.kind, self.name = kind, name
 
 
+# Creates of a child whose name was taken, then free again before it could be read (an earlier job's
+# object, collected meanwhile): never a Job created while its spec ConfigMap is missing.
+CREATE_ATTEMPTS = 3
+
+
 class NameHeld(Exception):
     """A child's name is held by an object on its way out: one being deleted, or one of an earlier
     DiffusionJob of the same name (deleted: the garbage collector deletes what it owned). The job
@@ -184,30 +189,32 @@ class Kube:
             "Job": self.batch.create_namespaced_job,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }
-        try:
-            _unread(creators[kind], ns, obj)
-        except ApiException as e:
-            if e.status != 409:
-                raise
-        else:
-            return True
         readers = {
             "Service": self.core.read_namespaced_service,
             "ConfigMap": self.core.read_namespaced_config_map,
             "Job": self.batch.read_namespaced_job,
             "NetworkPolicy": self.networking.read_namespaced_network_policy,
         }
-        try:
-            existing = json.loads(readers[kind](name, ns, _preload_content=False).data)
-        except ApiException as e:
-            if e.status == 404:  # gone since: the next event creates it
+        for _attempt in range(CREATE_ATTEMPTS):
+            try:
+                _unread(creators[kind], ns, obj)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            else:
+                return True
+            try:
+                existing = json.loads(readers[kind](name, ns, _preload_content=False).data)
+            except ApiException as e:
+                if e.status == 404:  # gone between the two calls (an earlier job's, just collected): again
+                    continue
+                raise
+            if controller_uid(existing) == owner["metadata"].get("uid"):
                 return False
-            raise
-        if controller_uid(existing) == owner["metadata"].get("uid"):
-            return False
-        if _earlier(existing, owner):
-            raise NameHeld(kind, name)
-        raise NameTaken(kind, name, existing)
+            if _earlier(existing, owner):
+                raise NameHeld(kind, name)
+            raise NameTaken(kind, name, existing)
+        raise NameHeld(kind, name)  # it keeps coming and going: the next event tries again
 
     def delete_job(self, namespace: str, name: str) -> None:
         # Foreground: the Job object stays until its pods are gone, so a Job created again

@@ -106,6 +106,7 @@ def _beating(dst: Path) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+        beat.unlink(missing_ok=True)
 
 
 def _wait(dst: Path, ready: Callable[[], bool], quiet_seconds: float, what: str) -> None:

@@ -85,7 +85,8 @@ class JobFile:
         except FileNotFoundError:
             return None, requests.TRUSTED
         except OSError as e:
-            raise OSError(f"cannot read {self.where}/job.json: {e.strerror or e}") from e
+            e.add_note(f"muralist: cannot read {self.where}/job.json now; the run fails and is retried")
+            raise
         try:
             recorded = json.loads(raw)
         except ValueError as e:

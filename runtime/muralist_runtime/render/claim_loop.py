@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
 
 from ..model import pipeline
@@ -278,6 +279,8 @@ def _call(job: Job, pipe: Any, state: RunState, batch: list[Item], gate: CacheGa
             pipeline.render_checked(pipe, job.runtime, batch)
         if gate is not None:
             results = gate.check(pipe, batch, results, on_step, state.writes)
+    except PermanentFailure:
+        raise  # a verdict on the job (the cache gate's), not an item's failure
     except Exception as e:
         if failures.world_failure(e):
             raise  # a broken collective or a lost device: the pod fails and is retried

@@ -307,3 +307,31 @@ def test_a_pods_start_clock_begins_when_its_gate_is_lifted() -> None:
     kube3.body["spec"]["runPolicy"] = {"startTimeoutSeconds": 60}
     plain.reconcile(*KEY)
     assert kube3.body["status"]["phase"] == "Failed"
+
+
+class GoneBetween(Taken):
+    """The name is taken when the create is tried, and free again when the object is read: an earlier
+    job's ConfigMap collected between the two calls."""
+
+    def __init__(self) -> None:
+        super().__init__({"metadata": {"name": "cats-spec"}})
+        self.creates = 0
+
+    def create(self, namespace: str, body: dict[str, Any], **_: Any) -> Response:
+        self.creates += 1
+        if self.creates == 1:
+            raise ApiException(status=409, reason="Conflict")
+        return Response(body)
+
+    def read(self, name: str, namespace: str, **_: Any) -> Response:
+        raise ApiException(status=404, reason="Not Found")
+
+    create_namespaced_config_map = create
+    read_namespaced_config_map = read
+
+
+def test_a_name_freed_between_the_create_and_the_read_is_created_then() -> None:
+    # Never "exists" for a child that is not there: the Job would be created next, its pods without their spec.
+    api = GoneBetween()
+    kube = Kube(core=api, batch=api, custom=None, authentication=None, networking=api)  # type: ignore[arg-type]
+    assert kube.create(spec_config_map(), OWNER) is True and api.creates == 2
