@@ -1,4 +1,5 @@
-"""A TCP proxy on loopback that can stop answering: an API server gone silent, as a client sees it.
+"""A TCP proxy on loopback that can stop answering, or lose a reply: a server gone silent, or a connection
+that broke after the server acted, as a client sees them.
 
 `forward` (the start): each connection is carried to the upstream address, bytes both ways.
 `hold()`: from then on the proxy still accepts connections but carries nothing: every
@@ -6,6 +7,9 @@ connection open at that moment and every one accepted while holding goes silent 
 either way, no reset, no close), as behind a load balancer that lost its upstream. `resume()`:
 new connections are carried again; the silent ones stay silent until the client gives up on
 them (a connection that died does not come back). TLS passes through untouched.
+`lose_reply(after=n)`: the proxy passes `n` more replies (data from upstream), then swallows the
+next one and closes that connection, both ends: the server applied the request, the client never
+heard, reconnects and sends it again. New connections are carried as before.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._holding = False
         self._connections: list[_Connection] = []
+        self._pass: int | None = None  # replies to pass before the one lost; None: lose none
+        self.lost = 0
         self.accepted = 0
         self.accepted_while_holding = 0
         self._thread = threading.Thread(target=self._accept, name="tcp-proxy", daemon=True)
@@ -51,6 +57,22 @@ class TcpProxy:
     def resume(self) -> None:
         with self._lock:
             self._holding = False
+
+    def lose_reply(self, after: int = 0) -> None:
+        with self._lock:
+            self._pass = after
+
+    def _lose(self) -> bool:
+        """Whether this reply is the one to lose (counting down the ones to pass)."""
+        with self._lock:
+            if self._pass is None:
+                return False
+            if self._pass > 0:
+                self._pass -= 1
+                return False
+            self._pass = None
+            self.lost += 1
+            return True
 
     def close(self) -> None:
         self._listener.close()
@@ -102,8 +124,8 @@ class TcpProxy:
                     if conn.silent:
                         break
                     data = sock.recv(65536)
-                    if not data:
-                        conn.close()
+                    if not data or (sock is conn.upstream and self._lose()):
+                        conn.close()  # (a lost reply: the server acted, the client never hears)
                         return
                     peers[sock].sendall(data)
         except OSError:

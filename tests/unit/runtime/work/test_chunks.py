@@ -327,10 +327,10 @@ def test_a_lost_reply_never_counts_a_chunk_twice(lost: int) -> None:
     from muralist_api.pods import RunPolicy
     from muralist_runtime.work.claims import ClaimServer
 
-    from tests.lossy_proxy import LossyProxy
+    from tests.tcp_proxy import TcpProxy
 
     policy = RunPolicy(maxFailedItems=1)  # one failed item is allowed, two fail the job
-    with ClaimServer(0) as server, LossyProxy(("127.0.0.1", server.port)) as proxy, lossy_client(proxy) as store:
+    with ClaimServer(0) as server, TcpProxy(("127.0.0.1", server.port)) as proxy, lossy_client(proxy) as store:
         tally = chunks.Tally(store)
         tally.hints()  # connected: from here on, one reply per operation
         proxy.lose_reply(after=lost)
@@ -353,9 +353,9 @@ def test_a_lost_reply_never_counts_a_chunk_twice(lost: int) -> None:
 def test_owning_and_handing_back_survive_a_lost_reply(lost: str) -> None:
     from muralist_runtime.work.claims import ClaimServer
 
-    from tests.lossy_proxy import LossyProxy
+    from tests.tcp_proxy import TcpProxy
 
-    with ClaimServer(0) as server, LossyProxy(("127.0.0.1", server.port)) as proxy, lossy_client(proxy) as store:
+    with ClaimServer(0) as server, TcpProxy(("127.0.0.1", server.port)) as proxy, lossy_client(proxy) as store:
         assert chunks.owner(store, 5) is None
         if lost == "take":
             proxy.lose_reply()
