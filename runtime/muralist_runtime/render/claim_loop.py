@@ -180,7 +180,7 @@ def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool, 
     todo, run = _todo(job, state, chunk, sweeping)
     if todo is None:
         return 0
-    test = faults.TestKnobs.from_env()
+    test = faults.ImageCues()
     rendered = 0
     for batch in _batches(todo, job.runtime.spec.generation.batch_size):
         if state.world.share_in_group(drain.requested() if state.writes else None):
@@ -299,7 +299,7 @@ def _group_outcome(state: RunState, mine: Outcome | None) -> Outcome | None:
     return outcomes[0][0], any(oom for _, oom in outcomes)
 
 
-def _add_written(state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None:
+def _add_written(state: RunState, run: ChunkRun, test: faults.ImageCues) -> None:
     """Add what the writer threads finished, in submission order (a shard's members are)."""
     for written in _threads(state).completed():
         run.done[written.item.key] = written
@@ -312,7 +312,7 @@ def _add_written(state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None
         test.image_written(state.world.layout.rank)
 
 
-def _hand_back(job: Job, state: RunState, chunk: int, run: ChunkRun | None, test: faults.TestKnobs) -> None:
+def _hand_back(job: Job, state: RunState, chunk: int, run: ChunkRun | None, test: faults.ImageCues) -> None:
     """The pod was told to stop in the middle of a chunk: keep what is rendered (the writer
     threads finish it; whoever takes the chunk next skips those items), give the chunk back."""
     done = 0
@@ -329,7 +329,7 @@ def _hand_back(job: Job, state: RunState, chunk: int, run: ChunkRun | None, test
                         "to the other pods")
 
 
-def _end_chunk(job: Job, state: RunState, run: ChunkRun, test: faults.TestKnobs) -> None:
+def _end_chunk(job: Job, state: RunState, run: ChunkRun, test: faults.ImageCues) -> None:
     _threads(state).wait_idle()
     _add_written(state, run, test)
     assert not run.order, f"chunk {run.chunk}: {len(run.order)} items written but not added"

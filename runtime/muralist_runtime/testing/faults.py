@@ -30,38 +30,33 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from muralist_api import contract
-from muralist_api.contract.env import PodEnv
+from muralist_api.contract.env import PodEnv, TestFaults
 
 log = logging.getLogger("muralist")
 
 
 @dataclass
-class TestKnobs:
-    __test__ = False  # not a pytest class
-    exit_after: int = 0
-    exit_rank: int = 0
-    hang_after: int = 0
-    hang_rank: int = 0
-    written: int = 0
+class ImageCues:
+    """The knobs that act on a rank's N-th written image (TestFaults: the one type of the test knobs, read
+    from the environment by PodEnv), and this rank's count of written images."""
 
-    @classmethod
-    def from_env(cls) -> TestKnobs:
-        faults = PodEnv.from_environ().faults
-        return cls(faults.exit_after, faults.exit_rank, faults.hang_after, faults.hang_rank)
+    faults: TestFaults = field(default_factory=lambda: PodEnv.from_environ().faults)
+    written: int = 0
 
     @property
     def active(self) -> bool:
-        return bool(self.exit_after or self.hang_after)
+        return bool(self.faults.exit_after or self.faults.hang_after)
 
     def image_written(self, rank: int) -> None:
         self.written += 1
-        if self.exit_after and self.written == self.exit_after and self.exit_rank in (rank, -1):
+        f = self.faults
+        if f.exit_after and self.written == f.exit_after and f.exit_rank in (rank, -1):
             os._exit(contract.TEST_KILLED_EXIT_CODE)
-        if self.hang_after and self.written == self.hang_after and rank == self.hang_rank:
-            log.warning("%s=%d: rank %d blocks forever", contract.MURALIST_TEST_HANG_AFTER, self.hang_after, rank)
+        if f.hang_after and self.written == f.hang_after and rank == f.hang_rank:
+            log.warning("%s=%d: rank %d blocks forever", contract.MURALIST_TEST_HANG_AFTER, f.hang_after, rank)
             threading.Event().wait()
 
 
