@@ -56,7 +56,7 @@ from .render import claim_loop
 from .report import progress, rank_files
 from .report.rank_files import progress_dir, read_pod
 from .report.termination import termination_log_path, write_termination
-from .run_state import Job, RunState
+from .run_state import RunPlan, RunState
 from .work import store
 from .work.chunks import NothingLeft
 from .world import distributed, drain
@@ -110,16 +110,16 @@ def _quiet_libraries() -> None:
 
 # 1. Check the spec and plan: the work (rows, chunks), then the model (plan/ says why before the
 # world).
-def check_spec(spec_path: str) -> Job:
+def check_spec(spec_path: str) -> RunPlan:
     runtime = read_spec(spec_path)
     source_rows, plan_of_work, first = work_plan.plan_work(runtime)
     strategy, plan, source, revision, gpu = model_plan.plan_model(runtime)
-    return Job(runtime, strategy, plan, source_rows, plan_of_work, first, source, revision, gpu)
+    return RunPlan(runtime, strategy, plan, source_rows, plan_of_work, first, source, revision, gpu)
 
 
 # 2. Set up the world (torchrun's, for the plan's group size), then, in it, the job folder, the
 # claim store, and progress.
-def set_up_world(job: Job, state: RunState) -> None:
+def set_up_world(job: RunPlan, state: RunState) -> None:
     state.world = distributed.setup_world(job.runtime.spec.parallelism, job.plan.group_size)
     layout = state.world.layout
     state.jobfile, job.work, files = job_folder.open_job_folder(job.runtime, job.work, layout)
@@ -133,13 +133,13 @@ def set_up_world(job: Job, state: RunState) -> None:
 
 # 3. Load the pipeline (model/loading.py); what it learns of the model (a calibrated cache) goes to
 # job.json at the merge.
-def load(job: Job, state: RunState) -> Any:
+def load(job: RunPlan, state: RunState) -> Any:
     return loading.load(job.runtime, job.strategy, job.plan, job.source, job.revision, job.first, job.gpu,
                         state.world, state.timings, state.learned)
 
 
 # 4. Generate: claim chunks until none is left, render, write (render/claim_loop.py).
-def generate_all(job: Job, pipe: Any, state: RunState) -> None:
+def generate_all(job: RunPlan, pipe: Any, state: RunState) -> None:
     try:
         claim_loop.generate(job, pipe, state)
     except TempRemoved as e:
@@ -152,7 +152,7 @@ def generate_all(job: Job, pipe: Any, state: RunState) -> None:
 # 5. Summarise: this rank says it is done; the first pod's first rank (the one that hosts the
 # store) waits for every chunk, then merges; each pod's first rank waits for its other ranks (a
 # hung one fails the pod instead of holding it).
-def summarise(job: Job, state: RunState) -> None:
+def summarise(job: RunPlan, state: RunState) -> None:
     layout = state.world.layout
     state.progress.finished()
     timeout = job.runtime.spec.parallelism.collective_timeout_seconds

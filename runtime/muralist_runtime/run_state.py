@@ -1,4 +1,4 @@
-"""What a rank's run learns and holds: the `Job` (what checking the spec found) and the `RunState`
+"""What a rank's run learns and holds: the `RunPlan` (what checking the spec found and planned) and the `RunState`
 (what the run has set up so far, so that a failure can still report and clean up).
 
 No stage of its own: main.py fills it step by step and the claim/render loop reads it, so it sits
@@ -28,8 +28,9 @@ T = TypeVar("T")
 
 
 @dataclass
-class Job:
-    """What checking the spec learned: the spec, the strategy's plan, the rows and the work plan, the model."""
+class RunPlan:
+    """What checking the spec learned and planned: the spec, the strategy's plan, the rows and the work plan,
+    the model. (Not the DiffusionJob, nor the Kubernetes Job: this rank's plan of its run.)"""
 
     runtime: RuntimeSpec
     strategy: ParallelStrategy

@@ -23,7 +23,7 @@ from muralist_api.items import Item
 from ..model import pipeline
 from ..outputs import requests, writer
 from ..outputs.layouts import RenderedOutput, chunk_counts, failed_entry, read_part, relisted, write_part
-from ..run_state import Job, NotSetUp, RunState
+from ..run_state import NotSetUp, RunPlan, RunState
 from ..testing import faults
 from ..work import chunks, item_failures, rows
 from ..world import drain
@@ -46,7 +46,7 @@ class ChunkRun:
     done: dict[str, writer.Written] = field(default_factory=dict)  # written by the threads, not yet added
 
 
-def chunk_stream(job: Job, state: RunState) -> Iterator[tuple[int, bool]]:
+def chunk_stream(job: RunPlan, state: RunState) -> Iterator[tuple[int, bool]]:
     """(chunk, sweeping) for this group, decided by its first rank and shared with the group."""
     world = state.world
     layout = world.layout
@@ -91,16 +91,16 @@ def _busy(_idle: bool) -> None:
     """A group that does not stay for handed-back chunks is never idle before it ends."""
 
 
-def _part_counts(job: Job, chunk: int) -> chunks.ChunkCounts:
+def _part_counts(job: RunPlan, chunk: int) -> chunks.ChunkCounts:
     """A finished chunk's counts, from its part file."""
     return chunk_counts(read_part(Path(job.runtime.output_dir), chunk) or [])
 
 
-def _tally(job: Job, state: RunState) -> chunks.Tally:
+def _tally(job: RunPlan, state: RunState) -> chunks.Tally:
     return chunks.Tally(state.claims, lambda c: _part_counts(job, c))
 
 
-def generate(job: Job, pipe: Any, state: RunState) -> None:
+def generate(job: RunPlan, pipe: Any, state: RunState) -> None:
     layout = state.world.layout
     start = time.perf_counter()
     if layout.writes_images:
@@ -132,7 +132,7 @@ def _threads(state: RunState) -> writer.BackgroundWriter:
     return state.background
 
 
-def _todo(job: Job, state: RunState, chunk: int, sweeping: bool) -> tuple[list[Item] | None, ChunkRun | None]:
+def _todo(job: RunPlan, state: RunState, chunk: int, sweeping: bool) -> tuple[list[Item] | None, ChunkRun | None]:
     """The chunk's items left to render, shared by the group (None: the chunk is done, for this request), and
     the writer's bookkeeping."""
     begin, end = job.work.bounds(chunk)
@@ -163,7 +163,7 @@ def _todo(job: Job, state: RunState, chunk: int, sweeping: bool) -> tuple[list[I
     return state.world.share_in_group(todo), run
 
 
-def _up_to_date(job: Job, state: RunState, items: list[Item], part: list[dict[str, Any]]) -> bool:
+def _up_to_date(job: RunPlan, state: RunState, items: list[Item], part: list[dict[str, Any]]) -> bool:
     """Whether a finished chunk's part file lists every item of the chunk, none failed, each made for the
     request the item is now (outputs/requests.py)."""
     entries = {e.get("key"): e for e in part}
@@ -176,7 +176,8 @@ def _up_to_date(job: Job, state: RunState, items: list[Item], part: list[dict[st
     return True
 
 
-def run_chunk(job: Job, pipe: Any, state: RunState, chunk: int, sweeping: bool, gate: CacheGate | None = None) -> int:
+def run_chunk(job: RunPlan, pipe: Any, state: RunState, chunk: int, sweeping: bool,
+              gate: CacheGate | None = None) -> int:
     todo, run = _todo(job, state, chunk, sweeping)
     if todo is None:
         return 0
@@ -226,7 +227,7 @@ def _batches(items: list[Item], size: int) -> list[list[Item]]:
 Rendered = tuple[Item, RenderedOutput | None, str | None, float]
 
 
-def render_items(job: Job, pipe: Any, state: RunState, batch: list[Item], gate: CacheGate | None = None,
+def render_items(job: RunPlan, pipe: Any, state: RunState, batch: list[Item], gate: CacheGate | None = None,
                  retry: bool = False) -> list[Rendered]:
     """(item, image, None, seconds) per rendered item, (item, None, reason, 0) per failed one; the
     cache gate's sampled items measured (their seconds include the render without the cache).
@@ -270,7 +271,7 @@ def render_items(job: Job, pipe: Any, state: RunState, batch: list[Item], gate: 
 Outcome = tuple[str, bool]  # a failed call: (its reason, out of memory)
 
 
-def _call(job: Job, pipe: Any, state: RunState, batch: list[Item], gate: CacheGate | None,
+def _call(job: RunPlan, pipe: Any, state: RunState, batch: list[Item], gate: CacheGate | None,
           on_step: Callable[[], None]) -> tuple[list[pipeline.Checked], Outcome | None]:
     """One call's results, or why it failed; a failure of the world is raised."""
     try:
@@ -312,7 +313,7 @@ def _add_written(state: RunState, run: ChunkRun, test: faults.ImageCues) -> None
         test.image_written(state.world.layout.rank)
 
 
-def _hand_back(job: Job, state: RunState, chunk: int, run: ChunkRun | None, test: faults.ImageCues) -> None:
+def _hand_back(job: RunPlan, state: RunState, chunk: int, run: ChunkRun | None, test: faults.ImageCues) -> None:
     """The pod was told to stop in the middle of a chunk: keep what is rendered (the writer
     threads finish it; whoever takes the chunk next skips those items), give the chunk back."""
     done = 0
@@ -329,7 +330,7 @@ def _hand_back(job: Job, state: RunState, chunk: int, run: ChunkRun | None, test
                         "to the other pods")
 
 
-def _end_chunk(job: Job, state: RunState, run: ChunkRun, test: faults.ImageCues) -> None:
+def _end_chunk(job: RunPlan, state: RunState, run: ChunkRun, test: faults.ImageCues) -> None:
     _threads(state).wait_idle()
     _add_written(state, run, test)
     assert not run.order, f"chunk {run.chunk}: {len(run.order)} items written but not added"
