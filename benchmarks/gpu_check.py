@@ -804,7 +804,7 @@ def muralist_run(ctx: Context, strategy: str, timeout: float) -> Row:
     log_path = (ctx.out or folder) / f"muralist-run-{strategy}.log"
     tree = os.pathsep.join(str(REPO / part) for part in ("cli", "operator", "runtime"))  # this checkout's code
     path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "MURALIST_CACHE": str(ctx.work / "models"), "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, "MURALIST_TINY_MODELS": str(ctx.work / "models"), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": tree + (os.pathsep + path if path else ""),
            "TRANSFORMERS_VERBOSITY": "error", "DIFFUSERS_VERBOSITY": "error"}
     if ctx.sizes.dry:

@@ -113,7 +113,7 @@ def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     cache = tmp_path_factory.mktemp("muralist-cache")
     env = {
         **os.environ,
-        contract.MURALIST_CACHE: str(cache),
+        contract.MURALIST_TINY_MODELS: str(cache),
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
@@ -130,19 +130,19 @@ def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 
 
 def build_tiny_in_cache(name: str, runtime_env: dict[str, str]) -> Path:
-    """Build a tiny model once, where `name` resolves in spawned processes (MURALIST_CACHE)."""
+    """Build a tiny model once, where `name` resolves in spawned processes (MURALIST_TINY_MODELS)."""
     from muralist_runtime.model.pipeline import tiny_cache_dir
     from muralist_runtime.model.tiny import build_tiny
 
-    old = os.environ.get(contract.MURALIST_CACHE)
-    os.environ[contract.MURALIST_CACHE] = runtime_env[contract.MURALIST_CACHE]
+    old = os.environ.get(contract.MURALIST_TINY_MODELS)
+    os.environ[contract.MURALIST_TINY_MODELS] = runtime_env[contract.MURALIST_TINY_MODELS]
     try:
         return build_tiny(name, tiny_cache_dir(name))
     finally:
         if old is None:
-            os.environ.pop(contract.MURALIST_CACHE)
+            os.environ.pop(contract.MURALIST_TINY_MODELS)
         else:
-            os.environ[contract.MURALIST_CACHE] = old
+            os.environ[contract.MURALIST_TINY_MODELS] = old
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ def test_files_match_their_recorded_checksums() -> None:
 
 
 def test_name_resolves_to_the_package_folder_without_a_build(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setenv("MURALIST_CACHE", str(tmp_path))
+    monkeypatch.setenv("MURALIST_TINY_MODELS", str(tmp_path))
     source, revision = pipeline.resolve_model(runtime())
     assert (source, revision) == (str(bundled.bundled_model(NAME)), None)
     assert not list(tmp_path.iterdir()), "nothing built or copied"

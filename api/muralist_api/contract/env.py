@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from muralist_api.contract import (
     MURALIST_ATTEMPT,
-    MURALIST_CACHE,
     MURALIST_CLAIMS_ADDR,
     MURALIST_DRAIN_FILE,
     MURALIST_LAUNCHED,
@@ -41,6 +40,7 @@ from muralist_api.contract import (
     MURALIST_TEST_SLOW_RANK,
     MURALIST_TEST_STATIC_PLAN,
     MURALIST_TEST_STEP_SLEEP,
+    MURALIST_TINY_MODELS,
 )
 
 # The launcher's worker variables (contract.WORKER_ENV) that the runtime reads.
@@ -157,7 +157,7 @@ class PodEnv:
             progress_ca=_text(env, MURALIST_PROGRESS_CA),
             progress_dir=_text(env, MURALIST_PROGRESS_DIR),
             termination_log=_text(env, MURALIST_TERMINATION_LOG),
-            cache_dir=env.get(MURALIST_CACHE),
+            cache_dir=env.get(MURALIST_TINY_MODELS),
             stage_dir=_text(env, MURALIST_STAGE_DIR),
             drain_file=_text(env, MURALIST_DRAIN_FILE),
             hf_home=_text(env, HF_HOME_VAR),

@@ -53,7 +53,9 @@ MURALIST_LAUNCHED = "MURALIST_LAUNCHED"
 MURALIST_DRAIN_FILE = "MURALIST_DRAIN_FILE"
 MURALIST_PROGRESS_DIR = "MURALIST_PROGRESS_DIR"  # where a pod's ranks keep their counts (report/rank_files.py)
 MURALIST_TERMINATION_LOG = "MURALIST_TERMINATION_LOG"  # overrides TERMINATION_LOG (local runs, tests)
-MURALIST_CACHE = "MURALIST_CACHE"  # where built-in tiny models are built (default under HF_HOME)
+# Where built-in tiny models are built (default under HF_HOME). Not hack/env.sh's MURALIST_CACHE, the
+# developer's cache of the venv and the test binaries.
+MURALIST_TINY_MODELS = "MURALIST_TINY_MODELS"
 MURALIST_STAGE_DIR = "MURALIST_STAGE_DIR"  # node-local disk for model.loading.stage
 # The operator's default runtime image (an operator setting, not a pod variable).
 MURALIST_RUNTIME_IMAGE = "MURALIST_RUNTIME_IMAGE"
