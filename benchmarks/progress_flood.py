@@ -53,9 +53,13 @@ def serve(tree: Path, limits: dict[str, float]) -> int:
     sys.path[:0] = [str(tree / "api"), str(tree / "operator"), str(tree / "runtime")]
     from http import HTTPStatus
 
-    from muralist_operator.progress.auth import Identity, Verdict
+    from muralist_operator.progress import auth
+    from muralist_operator.progress.auth import Identity
     from muralist_operator.progress.server import ProgressServer
     from muralist_operator.progress.tls import issue, new_ca
+
+    # AuthVerdict since issue 40; a --baseline-rev before that calls it Verdict.
+    Verdict = getattr(auth, "AuthVerdict", None) or auth.Verdict
 
     class Verifier:
         def cached(self, token: str | None) -> bool:

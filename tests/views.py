@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from muralist_operator.decision import iso
-from muralist_operator.observe import JobView, PodView, Termination
+from muralist_operator.observe import ContainerExit, JobView, PodView
 from muralist_operator.progress.aggregate import IndexProgress, JobProgress, PostError
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -20,7 +20,7 @@ def job_view(**fields: Any) -> JobView:
     return JobView(**(base | fields))
 
 
-def pod(index: int = 0, phase: str = "Running", failures: int = 0, term: Termination | None = None,
+def pod(index: int = 0, phase: str = "Running", failures: int = 0, term: ContainerExit | None = None,
         **fields: Any) -> PodView:
     """Pod `cats-<index>-<failures>` of retry `failures` of its index."""
     base: dict[str, Any] = dict(name=f"cats-{index}-{failures}", uid=f"uid-{index}-{failures}", deleting=False,
@@ -29,7 +29,7 @@ def pod(index: int = 0, phase: str = "Running", failures: int = 0, term: Termina
 
 
 def failed(index: int = 0, failures: int = 0, code: int = 1, message: str = "boom", **fields: Any) -> PodView:
-    return pod(index, "Failed", failures, Termination(code, "Error", message), **fields)
+    return pod(index, "Failed", failures, ContainerExit(code, "Error", message), **fields)
 
 
 def index_progress(index: int = 0, done: int = 0, total: int = 10, last: datetime | None = None,

@@ -98,7 +98,7 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         handlers.RECONCILER.remember_indexes(kwargs, listed=False)
 
 
-class Progress:
+class ProgressEndpoint:
     """The progress endpoint and its certificate, kept fresh from the clock thread."""
 
     def __init__(self, args: argparse.Namespace, kube: Kube, namespace: str) -> None:
@@ -168,7 +168,7 @@ def run_operator(args: argparse.Namespace) -> int:
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
     peering = Peering(kube.custom, args.peering, identity, priority, namespaces=namespaces)
     settings = settings_from(args)
-    progress = Progress(args, kube, namespace) if args.progress_port else None
+    progress = ProgressEndpoint(args, kube, namespace) if args.progress_port else None
     settings = progress.settings(settings) if progress else dataclasses.replace(settings, progress_url=None)
     reconciler = handlers.RECONCILER = handlers.Reconciler(kube, settings, Aggregator(), is_active=peering.active)
     def peering_chore() -> None:

@@ -52,7 +52,7 @@ class JobView:
 
 
 @dataclass(frozen=True)
-class Termination:
+class ContainerExit:
     """A container that ended with a non-zero code: its code, reason and message."""
 
     exit_code: int
@@ -77,7 +77,7 @@ class PodView:
     index: int
     phase: str
     deleting: bool
-    termination: Termination | None
+    termination: ContainerExit | None
     name: str = ""
     uid: str = ""
     # The Job controller's count of this index's failures before this pod (backoffLimitPerIndex).
@@ -197,7 +197,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         if report is not None:
             counts, cache_sample, merged = report.counts, report.cache_sample, report.job
         if term.get("exitCode", 0) != 0:
-            termination = Termination(exit_code=int(term.get("exitCode", 1)), reason=term.get("reason", ""),
+            termination = ContainerExit(exit_code=int(term.get("exitCode", 1)), reason=term.get("reason", ""),
                                       message=message)
     annotations = meta.get("annotations") or {}
     reason, message = waiting(status)

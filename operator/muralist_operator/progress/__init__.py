@@ -4,11 +4,11 @@ audience and interval are the progress wire of the API (muralist_api.contract.pr
 
 from muralist_operator.progress.aggregate import Aggregator, IndexProgress, JobKey, JobProgress, post_interval
 from muralist_operator.progress.auth import (
+    AuthVerdict,
     Identity,
     JobLookup,
     PodInfo,
     TokenVerifier,
-    Verdict,
     api_job_lookup,
     api_pod_lookup,
     pod_info,
@@ -18,6 +18,7 @@ from muralist_operator.progress.tls import TlsMaterial, ensure_certificate, read
 
 __all__ = [
     "Aggregator",
+    "AuthVerdict",
     "Identity",
     "IndexProgress",
     "JobKey",
@@ -27,7 +28,6 @@ __all__ = [
     "ProgressServer",
     "TlsMaterial",
     "TokenVerifier",
-    "Verdict",
     "Verifier",
     "api_job_lookup",
     "api_pod_lookup",

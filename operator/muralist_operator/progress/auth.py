@@ -64,7 +64,9 @@ class Identity:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class AuthVerdict:
+    """What a token check says: the HTTP status to answer, why, and whose token it was."""
+
     status: HTTPStatus  # OK, UNAUTHORIZED, FORBIDDEN, or SERVICE_UNAVAILABLE (could not ask)
     reason: str
     identity: Identity | None = None
@@ -172,7 +174,7 @@ class TokenVerifier:
         self.max_entries = max_entries
         self._clock = clock
         self._wall = wall_clock
-        self._cache: dict[str, tuple[float, Verdict]] = {}
+        self._cache: dict[str, tuple[float, AuthVerdict]] = {}
         self._lock = threading.Lock()
         self.reviews = 0  # TokenReviews sent: what the cache is for
 
@@ -185,9 +187,9 @@ class TokenVerifier:
         hit = self._cache.get(_hash(token))  # a dict read is atomic; a stale answer costs a hop, no more
         return hit is not None and hit[0] > self._clock()
 
-    def authenticate(self, token: str | None) -> Verdict:
+    def authenticate(self, token: str | None) -> AuthVerdict:
         if not token:
-            return Verdict(HTTPStatus.UNAUTHORIZED, "no bearer token")
+            return AuthVerdict(HTTPStatus.UNAUTHORIZED, "no bearer token")
         key = _hash(token)
         now = self._clock()
         with self._lock:
@@ -201,7 +203,7 @@ class TokenVerifier:
             self._remember(key, verdict, self._ttl(token, verdict), now)
         return verdict
 
-    def _review(self, token: str, key: str) -> Verdict:
+    def _review(self, token: str, key: str) -> AuthVerdict:
         body = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
@@ -212,28 +214,29 @@ class TokenVerifier:
             review = self._api.create_token_review(body, _request_timeout=REVIEW_TIMEOUT)
         except ApiException as e:
             # Our own problem (RBAC, the API server away), not the pod's: let it retry, cache nothing.
-            return Verdict(HTTPStatus.SERVICE_UNAVAILABLE, f"TokenReview failed: {e.status} {e.reason}")
+            return AuthVerdict(HTTPStatus.SERVICE_UNAVAILABLE, f"TokenReview failed: {e.status} {e.reason}")
         except (HTTPError, OSError) as e:  # no answer in time (kube.RETRIES retried it once), or no connection
-            return Verdict(HTTPStatus.SERVICE_UNAVAILABLE,
+            return AuthVerdict(HTTPStatus.SERVICE_UNAVAILABLE,
                            f"TokenReview failed: the API server did not answer ({type(e).__name__})")
         status = review.status
         if status is None or not status.authenticated:
             error = (status.error if status is not None else None) or "not authenticated"
-            return Verdict(HTTPStatus.UNAUTHORIZED, f"token refused: {error}")
+            return AuthVerdict(HTTPStatus.UNAUTHORIZED, f"token refused: {error}")
         if self.audience not in (status.audiences or []):
             # An API server that ignores spec.audiences answers for its own audience: not ours.
-            return Verdict(HTTPStatus.UNAUTHORIZED, f"token is not for audience {self.audience}")
+            return AuthVerdict(HTTPStatus.UNAUTHORIZED, f"token is not for audience {self.audience}")
         user = status.user
         username = (user.username if user is not None else None) or ""
         extra = (user.extra if user is not None else None) or {}
         pod_name, pod_uid = (extra.get(EXTRA_POD_NAME) or [None])[0], (extra.get(EXTRA_POD_UID) or [None])[0]
         if not username.startswith(SERVICE_ACCOUNT_PREFIX) or not pod_name or not pod_uid:
-            return Verdict(HTTPStatus.FORBIDDEN, f"{username or 'the token'} is not a pod-bound service-account token")
+            return AuthVerdict(HTTPStatus.FORBIDDEN,
+                               f"{username or 'the token'} is not a pod-bound service-account token")
         namespace, _, account = username[len(SERVICE_ACCOUNT_PREFIX):].partition(":")
         identity = Identity(namespace, account, pod_name, pod_uid, cache_key=key)
-        return Verdict(HTTPStatus.OK, "authenticated", identity)
+        return AuthVerdict(HTTPStatus.OK, "authenticated", identity)
 
-    def _ttl(self, token: str, verdict: Verdict) -> float:
+    def _ttl(self, token: str, verdict: AuthVerdict) -> float:
         if not verdict.ok:
             return self.negative_ttl
         exp = token_expiry(token)
@@ -241,7 +244,7 @@ class TokenVerifier:
             return self.positive_ttl
         return min(self.positive_ttl, exp - self._wall() - EXPIRY_MARGIN_SECONDS)
 
-    def _remember(self, key: str, verdict: Verdict, ttl: float, now: float) -> None:
+    def _remember(self, key: str, verdict: AuthVerdict, ttl: float, now: float) -> None:
         if ttl <= 0:
             return
         with self._lock:
@@ -263,26 +266,26 @@ class TokenVerifier:
 
     # -- step 2: may it post this ------------------------------------------------------------
 
-    def authorize(self, identity: Identity, namespace: str, job: str, pod: str, index: int) -> Verdict:
+    def authorize(self, identity: Identity, namespace: str, job: str, pod: str, index: int) -> AuthVerdict:
         who = f"pod {identity.namespace}/{identity.pod_name}"
         if identity.namespace != namespace:
-            return Verdict(HTTPStatus.FORBIDDEN, f"{who} cannot post for namespace {namespace}", identity)
+            return AuthVerdict(HTTPStatus.FORBIDDEN, f"{who} cannot post for namespace {namespace}", identity)
         info = self._pods(namespace, identity.pod_name)
         if info is None or info.uid != identity.pod_uid:
             # The token's pod is gone (or a pod of the same name replaced it): the API server would refuse
             # the token now too, so the cached verdict goes.
             self.forget(identity)
             gone = "no longer exists" if info is None else f"was replaced (uid {info.uid}, token's {identity.pod_uid})"
-            return Verdict(HTTPStatus.UNAUTHORIZED, f"{who} {gone}", identity)
+            return AuthVerdict(HTTPStatus.UNAUTHORIZED, f"{who} {gone}", identity)
         if info.job != job:
-            return Verdict(HTTPStatus.FORBIDDEN, f"{who} is not a pod of diffusionjob {job}", identity)
+            return AuthVerdict(HTTPStatus.FORBIDDEN, f"{who} is not a pod of diffusionjob {job}", identity)
         if pod != identity.pod_name:
-            return Verdict(HTTPStatus.FORBIDDEN, f"{who} cannot post as pod {pod}", identity)
+            return AuthVerdict(HTTPStatus.FORBIDDEN, f"{who} cannot post as pod {pod}", identity)
         if info.index is None:
-            return Verdict(HTTPStatus.FORBIDDEN, f"{who} has no completion index: it is no pod of a Job", identity)
+            return AuthVerdict(HTTPStatus.FORBIDDEN, f"{who} has no completion index: it is no pod of a Job", identity)
         if index != info.index:
-            return Verdict(HTTPStatus.FORBIDDEN, f"{who} has completion index {info.index}, not {index}", identity)
+            return AuthVerdict(HTTPStatus.FORBIDDEN, f"{who} has completion index {info.index}, not {index}", identity)
         workers = self._jobs(namespace, job)
         if workers is None or info.owner_uid != workers:
-            return Verdict(HTTPStatus.FORBIDDEN, f"{who} is not owned by the Job of diffusionjob {job}", identity)
-        return Verdict(HTTPStatus.OK, "authorized", identity)
+            return AuthVerdict(HTTPStatus.FORBIDDEN, f"{who} is not owned by the Job of diffusionjob {job}", identity)
+        return AuthVerdict(HTTPStatus.OK, "authorized", identity)

@@ -85,7 +85,7 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-class Phase(enum.Enum):
+class ConnectionPhase(enum.Enum):
     HANDSHAKE = "handshake"  # accepted; TLS not done yet
     WAITING = "waiting"  # between requests
     READING = "reading"  # a request has begun and is not complete
@@ -140,9 +140,9 @@ class Connections:
         if conn.busy:
             return None
         limits = self.limits
-        if conn.phase is Phase.HANDSHAKE:
+        if conn.phase is ConnectionPhase.HANDSHAKE:
             return conn.since + limits.handshake_timeout, "handshake timeout"
-        if conn.phase is Phase.READING:
+        if conn.phase is ConnectionPhase.READING:
             return conn.since + limits.request_timeout, "request timeout"
         if conn.authenticated:
             return conn.since + limits.idle_timeout, "idle"

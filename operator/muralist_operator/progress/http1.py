@@ -29,7 +29,7 @@ from urllib.parse import unquote
 
 import httptools
 
-from muralist_operator.progress.connections import DEFAULT_LIMITS, SWEEP_SECONDS, Connections, Limits, Phase
+from muralist_operator.progress.connections import DEFAULT_LIMITS, SWEEP_SECONDS, ConnectionPhase, Connections, Limits
 from muralist_operator.progress.tls_accept import AwaitHello
 
 log = logging.getLogger("muralist.progress.http")
@@ -127,7 +127,7 @@ class HttpConnection(asyncio.Protocol):
         self._pending: collections.deque[tuple[Request, bool]] = collections.deque()
         self.busy = False  # a reply is being awaited: later requests wait in `_pending`
         self.authenticated = False
-        self.phase = Phase.HANDSHAKE
+        self.phase = ConnectionPhase.HANDSHAKE
         self.since = self._connections.now()  # when `phase` (or, while waiting, the last reply) began
         self._reset()
 
@@ -181,7 +181,7 @@ class HttpConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         peer = self._transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-        self.phase, self.since = Phase.WAITING, self._connections.now()
+        self.phase, self.since = ConnectionPhase.WAITING, self._connections.now()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.forget()
@@ -206,7 +206,7 @@ class HttpConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._reset()
         if not self.busy:  # a pipelined request waits for its turn on the reply's clock
-            self.phase, self.since = Phase.READING, self._connections.now()
+            self.phase, self.since = ConnectionPhase.READING, self._connections.now()
 
     def on_url(self, url: bytes) -> None:
         self._grow_head(len(url))
@@ -242,7 +242,7 @@ class HttpConnection(asyncio.Protocol):
             too_large=too_large,
         )
         keep_alive = parser.should_keep_alive()
-        self.phase = Phase.WAITING
+        self.phase = ConnectionPhase.WAITING
         if self.busy:
             self._pending.append((request, keep_alive))
         else:

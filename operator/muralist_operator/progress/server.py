@@ -51,7 +51,7 @@ from muralist_api.contract.progress import (
 )
 
 from muralist_operator.progress import http1
-from muralist_operator.progress.auth import Identity, Verdict
+from muralist_operator.progress.auth import AuthVerdict, Identity
 from muralist_operator.progress.coalesce import COALESCE_SECONDS, new_event_loop
 from muralist_operator.progress.connections import DEFAULT_LIMITS, Connections, Limits
 from muralist_operator.progress.tls import TlsMaterial, server_context
@@ -72,9 +72,9 @@ class Verifier(Protocol):
         """True when `authenticate` would answer from memory (no TokenReview)."""
         ...
 
-    def authenticate(self, token: str | None) -> Verdict: ...
+    def authenticate(self, token: str | None) -> AuthVerdict: ...
 
-    def authorize(self, identity: Identity, namespace: str, job: str, pod: str, index: int) -> Verdict: ...
+    def authorize(self, identity: Identity, namespace: str, job: str, pod: str, index: int) -> AuthVerdict: ...
 
 
 class RefusalLog:

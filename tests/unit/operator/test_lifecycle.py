@@ -24,7 +24,7 @@ from muralist_operator.decision import (
     iso,
 )
 from muralist_operator.lifecycle import decide, eta_text
-from muralist_operator.observe import Observed, Termination
+from muralist_operator.observe import ContainerExit, Observed
 
 from tests.builders import make_job
 from tests.views import NOW, failed, index_progress, job_view, pod, progress
@@ -124,11 +124,11 @@ def test_an_index_out_of_retries_fails_the_job() -> None:
 @pytest.mark.parametrize(
     "term",
     [
-        Termination(PERMANENT_FAILURE_EXIT_CODE, "Error", "whatever"),
-        Termination(1, "Error", json.dumps({"permanent": True, "message": "FluxTransformer2DModel has no _tp_plan"})),
+        ContainerExit(PERMANENT_FAILURE_EXIT_CODE, "Error", "whatever"),
+        ContainerExit(1, "Error", json.dumps({"permanent": True, "message": "FluxTransformer2DModel has no _tp_plan"})),
     ],
 )
-def test_permanent_error_fails_without_retry(term: Termination) -> None:
+def test_permanent_error_fails_without_retry(term: ContainerExit) -> None:
     d = decide(
         make_job().job(),
         status(phase="Running"),
@@ -142,7 +142,7 @@ def test_permanent_error_fails_without_retry(term: Termination) -> None:
 
 
 def test_runtime_report_message_is_used() -> None:
-    term = Termination(1, "Error", json.dumps({"permanent": True, "message": "no _tp_plan"}))
+    term = ContainerExit(1, "Error", json.dumps({"permanent": True, "message": "no _tp_plan"}))
     d = decide(make_job().job(), status(), 1, Observed(job=job_view(), pods=[pod(0, "Failed", term=term)]), NOW)
     assert d.status.message == "index 0 (pod cats-0-0): no _tp_plan (permanent, not retried)"
     assert d.actions == [DeleteJob("PermanentError")]  # exit code 1: the Job's FailJob rule cannot see it

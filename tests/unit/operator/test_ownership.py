@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from muralist_operator import handlers
 from muralist_operator.decision import iso
 from muralist_operator.kube import Kube, NameHeld, NameTaken
-from muralist_operator.observe import ChildView, PodView, Termination, WarningEvent
+from muralist_operator.observe import ChildView, ContainerExit, PodView, WarningEvent
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.settings import OperatorSettings
 
@@ -94,7 +94,7 @@ ALL_CHILDREN = [ChildView("ConfigMap", "cats-spec", DJ_UID), ChildView("Service"
 
 
 def test_only_the_pods_of_the_jobs_own_job_count() -> None:
-    doom = Termination(78, "Error", '{"permanent": true, "message": "spec.model: no such model"}')
+    doom = ContainerExit(78, "Error", '{"permanent": true, "message": "spec.model: no such model"}')
     strangers = [
         # Labelled as the job's pods, owned by another Job, by nothing, or ours without a completion index.
         pod(0, "Failed", term=doom, name="cats-0-forged", uid="f1", owner_uid="someone-elses-job"),

@@ -28,7 +28,7 @@ MIB = 1024 * 1024
 SERVER = """
 import json, sys
 from http import HTTPStatus
-from muralist_operator.progress.auth import Identity, Verdict
+from muralist_operator.progress.auth import Identity, AuthVerdict
 from muralist_operator.progress.connections import Limits
 from muralist_operator.progress.server import ProgressServer
 from muralist_operator.progress.tls import issue, new_ca
@@ -38,10 +38,10 @@ class Verifier:
         return True
     def authenticate(self, token):
         if token == "cats-0":
-            return Verdict(HTTPStatus.OK, "ok", Identity("team-a", "default", "cats-0", "uid-0"))
-        return Verdict(HTTPStatus.UNAUTHORIZED, "token refused")
+            return AuthVerdict(HTTPStatus.OK, "ok", Identity("team-a", "default", "cats-0", "uid-0"))
+        return AuthVerdict(HTTPStatus.UNAUTHORIZED, "token refused")
     def authorize(self, identity, namespace, job, pod, index):
-        return Verdict(HTTPStatus.OK, "ok", identity)
+        return AuthVerdict(HTTPStatus.OK, "ok", identity)
 
 ca, key = new_ca()
 server = ProgressServer(Verifier(), lambda *report: None, issue(["127.0.0.1"], ca, key), host="127.0.0.1", port=0,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from muralist_api.contract.progress import ProgressReport
-from muralist_operator.progress.auth import Identity, Verdict
+from muralist_operator.progress.auth import AuthVerdict, Identity
 from muralist_operator.progress.connections import DEFAULT_LIMITS, Limits
 from muralist_operator.progress.server import ProgressServer, RefusalLog, client_context
 from muralist_operator.progress.tls import TlsMaterial, issue, new_ca, service_names
@@ -35,19 +35,19 @@ class StubVerifier:
     def cached(self, token: str | None) -> bool:
         return True
 
-    def authenticate(self, token: str | None) -> Verdict:
+    def authenticate(self, token: str | None) -> AuthVerdict:
         if token == "boom":
             raise RuntimeError("the API server is away")
         if token in ("cats-0", "dogs-0"):
-            return Verdict(HTTPStatus.OK, "ok", Identity("team-a", "default", token, f"uid-{token}"))
-        return Verdict(HTTPStatus.UNAUTHORIZED, "token refused" if token else "no bearer token")
+            return AuthVerdict(HTTPStatus.OK, "ok", Identity("team-a", "default", token, f"uid-{token}"))
+        return AuthVerdict(HTTPStatus.UNAUTHORIZED, "token refused" if token else "no bearer token")
 
-    def authorize(self, identity: Identity, namespace: str, job: str, pod: str, index: int) -> Verdict:
+    def authorize(self, identity: Identity, namespace: str, job: str, pod: str, index: int) -> AuthVerdict:
         if not identity.pod_name.startswith(job + "-"):
-            return Verdict(HTTPStatus.FORBIDDEN, f"pod {identity.pod_name} is not a pod of diffusionjob {job}")
+            return AuthVerdict(HTTPStatus.FORBIDDEN, f"pod {identity.pod_name} is not a pod of diffusionjob {job}")
         if pod != identity.pod_name:
-            return Verdict(HTTPStatus.FORBIDDEN, f"cannot post as pod {pod}")
-        return Verdict(HTTPStatus.OK, "ok", identity)
+            return AuthVerdict(HTTPStatus.FORBIDDEN, f"cannot post as pod {pod}")
+        return AuthVerdict(HTTPStatus.OK, "ok", identity)
 
 
 class SniConnection(http.client.HTTPSConnection):
