@@ -18,7 +18,7 @@ its own time box (and the whole run a budget), and turns its own errors into FAI
   encoding, VAE decode, PIL conversion). Target: runtime / plain call <= 1.03;
 - attention: `transformer.set_attention_backend` for native, _native_cudnn, _native_flash,
   flash and sage; one step each, or n/a with diffusers' reason;
-- cache: each step cache of spec.workloads.CACHES through its option mapping, enabled on the
+- cache: each step cache of muralist_api.step_cache.CACHES through its option mapping, enabled on the
   transformer (single process: before any parallelism), vs the uncached call: time ratio and
   PSNR of the 8-bit image vs the uncached one;
 - batching: images/s of render_checked on the small Flux at batch 1, 2, 4, 8;
@@ -589,7 +589,7 @@ def cache_config(pipe: Any, cache: str, steps: int) -> tuple[Any, str]:
     (the pipeline's current timestep; MagCache's ratios and step count) are filled in here.
     """
     import diffusers
-    from muralist_api.rules.workloads import CACHES
+    from muralist_api.step_cache import CACHES
 
     kind = CACHES[cache]
     cls = getattr(diffusers, kind.config)
@@ -619,7 +619,7 @@ def cache_config(pipe: Any, cache: str, steps: int) -> tuple[Any, str]:
 
 def check_cache(ctx: Context, emit: Emit) -> None:
     """Each step cache vs uncached: call time ratio and PSNR of the image."""
-    from muralist_api.rules.workloads import CACHES
+    from muralist_api.step_cache import CACHES
     from muralist_runtime.model import pipeline
 
     s = ctx.sizes

@@ -6,6 +6,8 @@ images install it and the operator needs nothing else of the runtime:
 - `job`, `data`, `options`, `pods`, `status`, `base`: the DiffusionJob types (the CRD is
   generated from them); `cel`: the CEL rules declared on those types, each naming the Python
   rule it mirrors;
+- `step_cache`: the step cache's API in one module (its request and quality gate, its catalog and
+  rule, what ranks measured, its status);
 - `rules/`: parsing a manifest and every problem named by its field (`problems`), the rules
   catalog shared by admission and the runtime (`catalog`, `workloads`, `sequence`);
 - `contract/`: what crosses between the images: the pod contract (launcher command,

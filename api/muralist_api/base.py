@@ -1,7 +1,9 @@
-"""What every API model shares: camelCase on the wire, unknown fields refused."""
+"""What every API model shares: camelCase on the wire, unknown fields refused; how a message quotes a value
+the user wrote (`shown`)."""
 
 from __future__ import annotations
 
+import reprlib
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +35,20 @@ class ApiModel(BaseModel):
 # A Kubernetes object we pass through untouched (VolumeSource, Affinity, ...): the API server
 # and kubelet validate those, and their schemas are far too large to copy into our CRD.
 KubeObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})]
+
+# What a message shows of a value the user wrote: enough to recognise it, never a megabyte.
+SHOWN_CHARS = 80
+
+
+def shown(value: Any) -> str:
+    """A value's repr, cut short: a 300,000-character string or a list nested 3,000 deep (whose
+    plain repr raises RecursionError) is quoted by its start."""
+    return _SHOWN.repr(value)
+
+
+_SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxlong = 3, 4, 4, 40
+_SHOWN.maxstring = _SHOWN.maxother = SHOWN_CHARS
 
 
 

@@ -19,11 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from muralist_api.base import ApiModel, KubeObject, relative_path
 from muralist_api.cel import CelRule, cel_list, python_rule
 from muralist_api.data import Dataset, Inputs, PromptsFrom, PromptSpec
-from muralist_api.options import Adapter, CacheSpec, SchedulerSpec
+from muralist_api.options import Adapter, SchedulerSpec
 from muralist_api.pods import KUEUE_TOPOLOGY_ANNOTATIONS, PodTemplate, RunPolicy
 from muralist_api.rules import catalog, problems
 from muralist_api.rules.catalog import ATTENTION_BACKENDS, DNS_LABEL_MAX
 from muralist_api.status import DiffusionJobStatus
+from muralist_api.step_cache import CacheSpec
 from muralist_api.storage import StoredAt, location_rules
 
 GROUP = "muralist.dev"

@@ -14,8 +14,9 @@ from typing import Any, TextIO
 
 import yaml
 
+from muralist_api.base import SHOWN_CHARS, shown
 from muralist_api.job import API_VERSION, KIND, DiffusionJob
-from muralist_api.rules.problems import SHOWN_CHARS, ValidationProblem, one_line, parse_job, shown
+from muralist_api.rules.problems import ValidationProblem, one_line, parse_job
 
 # libyaml when PyYAML has it (its wheels do): a manifest of 10,000 inline prompts reads ~8x faster.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

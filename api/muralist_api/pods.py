@@ -7,10 +7,9 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from muralist_api.base import ApiModel, KubeObject
+from muralist_api.base import ApiModel, KubeObject, shown
 from muralist_api.cel import CelRule
 from muralist_api.contract import reserved_env_cel, reserved_env_problem
-from muralist_api.rules.problems import shown
 
 
 class EnvVar(ApiModel):

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from muralist_api.base import ApiModel
+from muralist_api.step_cache import CacheVerifyStatus
 
 
 class Phase(StrEnum):
@@ -69,17 +70,6 @@ class Condition(ApiModel):
     message: str = Field("", description="Human readable detail.")
     last_transition_time: str | None = Field(None, description="When status last changed.")
     observed_generation: int | None = Field(None, description="Generation this condition was computed for.")
-
-
-class CacheVerifyStatus(ApiModel):
-    sampled: int = Field(0, description="Items of generation.cache.verify's sample measured so far (by pods that "
-                         "finished), each against its render without the cache.")
-    min_psnr: float | None = Field(None, description="The lowest PSNR (dB) of a cached image against its uncached "
-                                   "render; unset while every one was identical.")
-    min_ssim: float | None = Field(None, description="The lowest SSIM (0-1) of a cached image against its uncached "
-                                   "render.")
-    cache_off: bool = Field(False, description="A sampled item missed a threshold and onFail: DisableCache turned the "
-                            "cache off for the rest of the job (cache-off.json in the job folder says which).")
 
 
 class DiffusionJobStatus(ApiModel):

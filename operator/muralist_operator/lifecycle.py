@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from muralist_api.contract import CacheSample
 from muralist_api.job import DiffusionJob
-from muralist_api.status import TERMINAL_PHASES, CacheVerifyStatus, DiffusionJobStatus, Phase
+from muralist_api.status import TERMINAL_PHASES, DiffusionJobStatus, Phase
+from muralist_api.step_cache import CacheSample, CacheVerifyStatus
 from muralist_api.storage import join_uri
 
 from muralist_operator.decision import (

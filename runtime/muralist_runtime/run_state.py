@@ -10,9 +10,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from muralist_api.contract import CacheSample, Counts
+from muralist_api.contract import Counts
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.step_cache import CacheSample
 
 from .model.strategies import ParallelStrategy, Plan
 from .outputs.layouts import FilesLayout, WebDatasetLayout

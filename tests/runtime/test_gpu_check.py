@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from muralist_api.rules.workloads import CACHES
+from muralist_api.step_cache import CACHES
 
 pytestmark = pytest.mark.torchrun
 

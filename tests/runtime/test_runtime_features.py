@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from muralist_api.contract import PermanentFailure
 from muralist_api.items import row_items
-from muralist_api.options import Adapter, CacheSpec, SchedulerSpec
+from muralist_api.options import Adapter, SchedulerSpec
 from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.step_cache import CacheSpec
 from muralist_runtime.model import options, pipeline
 
 from .conftest import make_job

@@ -116,13 +116,13 @@ from muralist_api.contract.termination import (
     SEVERITY,
     TERMINATION_MESSAGE_MAX,
     TEST_KILLED_EXIT_CODE,
-    CacheSample,
     PermanentFailure,
     Reason,
     Termination,
     is_permanent,
     message_severity,
 )
+from muralist_api.step_cache import CacheSample  # what the termination message carries of the cache gate
 
 __all__ = [
     "AGENT_MODULE",

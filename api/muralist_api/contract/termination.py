@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from muralist_api.contract.counts import Counts
+from muralist_api.step_cache import CacheSample
 
 # -- exit codes --------------------------------------------------------------------------------
 EXIT_OK = 0
@@ -47,48 +48,6 @@ TERMINATION_MESSAGE_MAX = 4096
 Reason = Literal["Completed", "Drained", "Error", "PermanentFailure"]
 # Every local rank of a container may write the one termination message: the most severe wins.
 SEVERITY: Mapping[str, int] = {"Completed": 0, "Drained": 1, "Error": 2, "PermanentFailure": 3}
-
-
-@dataclass(frozen=True)
-class CacheSample:
-    """The share of generation.cache.verify's sample that ranks measured: how many items, their
-    lowest PSNR (dB; None when every one was identical to its uncached render) and SSIM, and
-    whether the cache was turned off (onFail: DisableCache)."""
-
-    sampled: int
-    min_psnr: float | None = None
-    min_ssim: float | None = None
-    cache_off: bool = False
-
-    def combine(self, other: CacheSample | None) -> CacheSample:
-        if other is None:
-            return self
-        return CacheSample(self.sampled + other.sampled, _lowest(self.min_psnr, other.min_psnr),
-                           _lowest(self.min_ssim, other.min_ssim), self.cache_off or other.cache_off)
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"sampled": self.sampled, "minPsnr": _rounded(self.min_psnr, 3), "minSsim": _rounded(self.min_ssim, 6),
-                "cacheOff": self.cache_off}
-
-    @classmethod
-    def from_wire(cls, doc: object) -> CacheSample | None:
-        """The sample in a termination message or a rank file; None when there is none (or it is not one)."""
-        if not isinstance(doc, dict) or not isinstance(doc.get("sampled"), int):
-            return None
-
-        def number(key: str) -> float | None:
-            value = doc.get(key)
-            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-        return cls(doc["sampled"], number("minPsnr"), number("minSsim"), doc.get("cacheOff") is True)
-
-
-def _lowest(a: float | None, b: float | None) -> float | None:
-    return min(a, b) if a is not None and b is not None else a if b is None else b
-
-
-def _rounded(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 @dataclass

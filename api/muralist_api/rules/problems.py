@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import reprlib
 from typing import TYPE_CHECKING, Any
 
+from muralist_api.base import SHOWN_CHARS, shown
 from muralist_api.cel import python_rule
 from muralist_api.rules import catalog, workloads
 from muralist_api.rules.catalog import DNS_LABEL_MAX, Problem
+from muralist_api.step_cache import cache_problems
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
@@ -27,8 +28,6 @@ DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 # The validation context's key that turns spec_problems off (parse_job's cross_field_rules).
 CROSS_FIELD_RULES = "crossFieldRules"
-# What a message shows of a value the user wrote: enough to recognise it, never a megabyte.
-SHOWN_CHARS = 80
 
 
 class ValidationProblem(Exception):
@@ -45,17 +44,6 @@ def one_line(text: str) -> str:
     not split a problem in two, nor forge a line that names another field."""
     lines = text.splitlines()
     return text if len(lines) <= 1 else "\\n".join(lines)
-
-
-def shown(value: Any) -> str:
-    """A value's repr, cut short: a 300,000-character string or a list nested 3,000 deep (whose
-    plain repr raises RecursionError) is quoted by its start."""
-    return _SHOWN.repr(value)
-
-
-_SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
-_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxlong = 3, 4, 4, 40
-_SHOWN.maxstring = _SHOWN.maxother = SHOWN_CHARS
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -268,7 +256,7 @@ def _workload_problems(spec: DiffusionJobSpec) -> list[Problem]:
     if gen.scheduler is not None:
         out += workloads.scheduler_problems(gen.scheduler.name)
     if gen.cache is not None:
-        out += workloads.cache_problems(gen.cache.type, gen.cache.options, par.strategy)
+        out += cache_problems(gen.cache.type, gen.cache.options, par.strategy)
     out += workloads.extra_args_problems(gen.extra_args)
     if spec.model.adapters and par.strategy == "TensorParallel" and not spec.model.fuse_adapters:
         out.append(("spec.model.fuseAdapters", "TensorParallel shards the base layers, and a LoRA must be merged "

@@ -1,13 +1,14 @@
 """The rules catalog, continued: workloads. Video families, pipelines that take input images,
-schedulers and step caches, as far as admission can know them without loading anything.
+schedulers and the call's extraArgs, as far as admission can know them without loading anything (the
+step caches' catalog is the step cache's: muralist_api/step_cache.py).
 
 Checked against the installed diffusers by tests/unit/api/rules/test_catalog.py (class names, config
-fields, a cache's options); the runtime checks what only the loaded model can tell.
+fields); the runtime checks what only the loaded model can tell.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from muralist_api.cel import python_rule
 from muralist_api.rules.catalog import Problem
@@ -174,73 +175,3 @@ def scheduler_problems(name: str) -> list[Problem]:
         return []
     close = sorted(s for s in SCHEDULERS if name.lower()[:5] in s.lower()) or sorted(SCHEDULERS)[:5]
     return [("spec.generation.scheduler.name", f"diffusers has no scheduler {name!r}; e.g. {', '.join(close[:5])}")]
-
-
-# -- step caches -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CacheKind:
-    """One diffusers cache hook: its config class, the knobs we expose, and whether the ranks of
-    a context/tensor-parallel group would take the same decisions with it."""
-
-    config: str
-    options: dict[str, tuple[str, type]] = field(default_factory=dict)  # camelCase -> (config field, type)
-    parallel_safe: bool = True
-    why_not_parallel: str = ""
-
-
-CACHES: dict[str, CacheKind] = {
-    "FirstBlockCache": CacheKind(
-        "FirstBlockCacheConfig", {"threshold": ("threshold", float)}, parallel_safe=False,
-        why_not_parallel="it skips blocks from each rank's own share of the sequence, without the group agreeing"),
-    "TaylorSeer": CacheKind("TaylorSeerCacheConfig", {
-        "cacheInterval": ("cache_interval", int), "disableCacheBeforeStep": ("disable_cache_before_step", int),
-        "disableCacheAfterStep": ("disable_cache_after_step", int), "maxOrder": ("max_order", int)}),
-    # ratios: calibrated magnitude ratios (one per step, interpolated to the job's steps), e.g.
-    # the `cacheCalibration.ratios` a calibrating job wrote to job.json; calibrate: measure them
-    # on the job's first item first (the runtime does, every rank alike).
-    "MagCache": CacheKind(
-        "MagCacheConfig", {"threshold": ("threshold", float), "maxSkipSteps": ("max_skip_steps", int),
-                           "retentionRatio": ("retention_ratio", float), "ratios": ("mag_ratios", list),
-                           "calibrate": ("calibrate", bool)}, parallel_safe=False,
-        why_not_parallel="it skips steps from each rank's own residuals, without the group agreeing"),
-    "FasterCache": CacheKind("FasterCacheConfig", {
-        "spatialAttentionBlockSkipRange": ("spatial_attention_block_skip_range", int),
-        "temporalAttentionBlockSkipRange": ("temporal_attention_block_skip_range", int),
-        "unconditionalBatchSkipRange": ("unconditional_batch_skip_range", int),
-        "isGuidanceDistilled": ("is_guidance_distilled", bool)}),
-    "PyramidAttentionBroadcast": CacheKind("PyramidAttentionBroadcastConfig", {
-        "spatialAttentionBlockSkipRange": ("spatial_attention_block_skip_range", int),
-        "temporalAttentionBlockSkipRange": ("temporal_attention_block_skip_range", int),
-        "crossAttentionBlockSkipRange": ("cross_attention_block_skip_range", int)}),
-}
-
-
-def _positive_numbers(value: object) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in value)
-
-
-@python_rule(no_cel="needs the rules catalog's cache kinds and their options, which the CRD does not carry")
-def cache_problems(kind: str, options: dict[str, object], strategy: str) -> list[Problem]:
-    cache = CACHES[kind]
-    out: list[Problem] = []
-    for name, value in options.items():
-        known = cache.options.get(name)
-        if known is None:
-            out.append((f"spec.generation.cache.options.{name}",
-                        f"{kind} has no option {name!r}; it takes {', '.join(cache.options) or 'none'}"))
-        elif not (isinstance(value, known[1]) or (known[1] is float and isinstance(value, int))) or (
-                known[1] is not bool and isinstance(value, bool)):
-            out.append((f"spec.generation.cache.options.{name}", f"must be a {known[1].__name__}, not {value!r}"))
-        elif known[1] is list and not _positive_numbers(value):
-            out.append((f"spec.generation.cache.options.{name}", "must be a list of positive numbers (one per step)"))
-    if options.get("calibrate") is True and "ratios" in options:
-        out.append(("spec.generation.cache.options.calibrate", f"{kind} either calibrates or uses the ratios given; "
-                    "remove one"))
-    if strategy in ("ContextParallel", "TensorParallel") and not cache.parallel_safe:
-        safe = ", ".join(k for k, c in CACHES.items() if c.parallel_safe)
-        out.append(("spec.generation.cache.type",
-                    f"{kind} cannot run in a {strategy} group: {cache.why_not_parallel}; use {safe}"))
-    return out

@@ -1,5 +1,5 @@
 """diffusers features a job asks for, applied to the loaded pipeline: LoRA adapters, another
-scheduler, a step cache (muralist_api/options.py has the API, muralist_api/rules/workloads.py the catalog).
+scheduler, a step cache (muralist_api/options.py has the API, muralist_api/step_cache.py the cache's).
 
 `apply_features` runs after the pipeline is placed and before the consistency canary's
 reference and `enable_parallelism`: adapters (and their fusing) must change the base layers
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from muralist_api.contract import PermanentFailure
-from muralist_api.options import Adapter, CacheSpec, SchedulerSpec
-from muralist_api.rules.workloads import CACHES
+from muralist_api.options import Adapter, SchedulerSpec
 from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.step_cache import CACHES, CacheSpec
 
 from . import hub
 

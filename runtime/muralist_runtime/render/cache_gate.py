@@ -1,6 +1,6 @@
 """generation.cache.verify: a step cache held to the quality the job allows.
 
-The job's first `sample` items (muralist_api.options.CacheVerify.sample_count) are the sample:
+The job's first `sample` items (muralist_api.step_cache.CacheVerify.sample_count) are the sample:
 every rank knows them from the spec and the plan, without talking. When a group renders one
 with the cache, it renders it again without (same seed: options.cache_paused) and compares the
 two (model/quality.py: PSNR and SSIM on the 8-bit pixels). The measures go in the item's
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muralist_api.contract import CacheSample, PermanentFailure
+from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
-from muralist_api.options import VERIFY_FIELD, CacheSpec, CacheVerify
 from muralist_api.runtime_spec import RuntimeSpec
+from muralist_api.step_cache import VERIFY_FIELD, CacheSample, CacheSpec, CacheVerify
 
 from ..model import options, pipeline, quality
 from ..model.pipeline import Checked, StepHook

@@ -12,8 +12,9 @@ import json
 import sys
 from dataclasses import asdict
 
-from muralist_api.contract import PROGRESS_LINE_PREFIX, CacheSample, Counts
+from muralist_api.contract import PROGRESS_LINE_PREFIX, Counts
 from muralist_api.contract.env import PodEnv
+from muralist_api.step_cache import CacheSample
 
 from ..world.distributed import Layout
 from .push import PodReporter, target_from_env

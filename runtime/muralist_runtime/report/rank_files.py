@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from muralist_api.contract import CacheSample, Counts
+from muralist_api.contract import Counts
 from muralist_api.contract.env import PodEnv
+from muralist_api.step_cache import CacheSample
 
 from ..outputs import temps
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from muralist_api.options import CacheVerify
+from muralist_api.step_cache import CacheVerify
 from pydantic import ValidationError
 
 

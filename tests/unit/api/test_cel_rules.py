@@ -7,11 +7,12 @@ import inspect
 from types import ModuleType
 
 import pytest
+from muralist_api import step_cache
 from muralist_api.cel import PYTHON_RULES, CelRule
 from muralist_api.rules import catalog, problems, sequence, workloads
 from muralist_operator.crd import CEL_RULES
 
-RULE_MODULES = (problems, catalog, workloads, sequence)
+RULE_MODULES = (problems, catalog, workloads, sequence, step_cache)
 # Functions named like rules that are not one: they collect the rules below them.
 COLLECTORS = {problems.spec_problems}
 

@@ -157,8 +157,7 @@ def test_cache_options_are_fields_of_the_diffusers_configs() -> None:
     import dataclasses
 
     from diffusers import hooks
-    from muralist_api.options import CacheType
-    from muralist_api.rules.workloads import CACHES
+    from muralist_api.step_cache import CACHES, CacheType
 
     assert set(CACHES) == set(CacheType.__args__)
     for kind in CACHES.values():
