@@ -7,6 +7,10 @@ pods' environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...: what the proto
 none: the node's or the service account's own identity, IRSA or workload identity) and an endpoint
 for S3-compatible stores (MinIO, Ceph).
 
+Every reader and writer of object storage (the runtime's data sets, inputs and outputs, the client's
+results) opens it through `open_location`: the URI with its section's endpoint, fsspec imported there
+(the runtime and client extras install it; the operator never opens a URI).
+
 The rules (one of volume and uri, credentials and endpoint only with a uri, one Secret per job since
 its keys become the pod's environment) are Python rules in rules/problems.py, mirrored by the CEL
 rules declared here.
@@ -14,7 +18,11 @@ rules declared here.
 
 from __future__ import annotations
 
-from typing import ClassVar
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -28,6 +36,7 @@ SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 # Protocols whose endpoint option fsspec's implementation spells `endpoint_url` (s3fs in its
 # client_kwargs, gcsfs directly); others take their own options from the environment.
 S3_PROTOCOLS = ("s3", "s3a")
+_URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
 def join_uri(uri: str, path: str) -> str:
@@ -49,6 +58,26 @@ def storage_options(uri: str, endpoint: str | None) -> dict[str, object]:
     if protocol(uri) in S3_PROTOCOLS:
         return {"client_kwargs": {"endpoint_url": endpoint}}
     return {"endpoint_url": endpoint}
+
+
+def is_uri(location: str | os.PathLike[str]) -> bool:
+    """Whether a location is a URI (object storage) rather than a path on this machine."""
+    return bool(_URI.match(os.fspath(location)))
+
+
+def open_location(location: str | os.PathLike[str], endpoint: str | None = None,
+                  options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """(an fsspec file system, the location's path on it): object storage for a URI, with the section's
+    `endpoint` (`storage_options`; credentials come from the environment), else the local disk (the path
+    made absolute). `options`: more of fsspec's storage options for the protocol, over the endpoint's (a
+    caller's own, e.g. `use_listings_cache`). The path has no protocol and no trailing '/'."""
+    import fsspec
+
+    if not is_uri(location):
+        return fsspec.filesystem("file"), str(Path(location).resolve())
+    uri = os.fspath(location)
+    fs, path = fsspec.core.url_to_fs(uri, **{**storage_options(uri, endpoint), **(options or {})})
+    return fs, str(path).rstrip("/")
 
 
 def location_rules(section: str, volume_required: bool) -> tuple[CelRule, ...]:

@@ -157,7 +157,7 @@ class Client:
 
     def results(self, name: str, root: str | os.PathLike[str] | None = None, as_pandas: bool = False,
                 storage_options: dict[str, Any] | None = None) -> Any:
-        """The job's index (index.parquet: one row per item with its key, prompt, seed, shard,
+        """The job's index (a Parquet table: one row per item with its key, prompt, seed, shard,
         status, seconds and error) as a pyarrow Table, or a pandas DataFrame when `as_pandas`.
 
         Read from the job's output folder (see `output_folder`): a volume mounted here at `root`, or

@@ -1,46 +1,37 @@
 """What a finished job made, read from its output folder: the index as a table, an item's image.
 
-The folder is the one `docs/concepts/items.md` describes: `index.parquet` (one row per item, in
-item order: index, id, key, prompt, seed, shard, status, seconds, error), written when the job
-merges at its end, and each item's output under `images/<key>.<format>` (layout files) or as the
-member `<key>.<format>` of `shards/shard-<shard>.tar` (layout webdataset). `job.json` records the
-format. A folder is a local path (where the job's output volume is mounted on this machine) or a
-URI (spec.output.uri: s3://bucket/prefix/<path>), read through fsspec with the job's endpoint and this
-machine's credentials (AWS_* variables, a profile, an instance role).
+The folder is the one `docs/concepts/items.md` describes, its names those of the output-folder
+contract (muralist_api/contract/output_folder.py): the index (one row per item, in item order: index,
+id, key, prompt, seed, shard, status, seconds, error), written when the job merges at its end, and each
+item's output under `images/<key>.<format>` (layout files) or as the member `<key>.<format>` of its
+chunk's shard (layout webdataset). The job file records the format. A folder is a local path (where the
+job's output volume is mounted on this machine) or a URI (spec.output.uri: s3://bucket/prefix/<path>),
+opened by `muralist_api.storage.open_location` with the job's endpoint and this machine's credentials
+(AWS_* variables, a profile, an instance role).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import io
-import json
 import os
-import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from muralist_api.contract.output_folder import INDEX_FILE, JOB_FILE, JobRecord, item_file, member_name, shard_file
 from muralist_api.job import DiffusionJob
-from muralist_api.storage import join_uri
+from muralist_api.storage import is_uri, join_uri, open_location
 
-INDEX_FILE = "index.parquet"
-JOB_FILE = "job.json"
-SHARD_FILE = "shards/shard-{shard:06d}.tar"
 # Formats Pillow opens (an animated webp or gif as a multi-frame image); mp4 is a video file.
 IMAGE_FORMATS = frozenset({"png", "jpeg", "webp", "gif"})
 
 Folder = str | os.PathLike[str]
-URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
 def _files(folder: Folder, options: dict[str, Any] | None) -> tuple[Any, str]:
-    """(fsspec file system, the folder's path on it): a URI's protocol, or the local disk."""
-    import fsspec
-
-    if URI.match(str(folder)):
-        fs, path = fsspec.core.url_to_fs(str(folder), **(options or {}))
-        return fs, str(path).rstrip("/")
-    return fsspec.filesystem("file"), str(Path(folder).resolve())
+    """(fsspec file system, the folder's path on it): a URI's protocol (`options`: fsspec's), or the local disk."""
+    return open_location(folder, options=options)
 
 
 def output_folder(job: DiffusionJob, root: Folder | None = None) -> Path | str:
@@ -49,7 +40,7 @@ def output_folder(job: DiffusionJob, root: Folder | None = None) -> Path | str:
     without it, a hostPath volume is read at its path (a single-node or test cluster)."""
     inside = (job.status.output_path if job.status and job.status.output_path else job.output_path).strip("/")
     if root is not None:
-        return join_uri(str(root), inside) if URI.match(str(root)) else Path(root) / inside
+        return join_uri(str(root), inside) if is_uri(root) else Path(root) / inside
     if job.spec.output.uri:
         return join_uri(job.spec.output.uri, inside)
     host_path = (job.spec.output.volume or {}).get("hostPath") or {}
@@ -60,7 +51,7 @@ def output_folder(job: DiffusionJob, root: Folder | None = None) -> Path | str:
 
 
 def read_index(folder: Folder, as_pandas: bool = False, storage_options: dict[str, Any] | None = None) -> Any:
-    """The folder's index.parquet as a pyarrow Table, or a pandas DataFrame when `as_pandas`
+    """The folder's index as a pyarrow Table, or a pandas DataFrame when `as_pandas`
     (`storage_options`: fsspec's, for a URI, e.g. its endpoint)."""
     import pyarrow.parquet as pq
 
@@ -74,10 +65,9 @@ def read_index(folder: Folder, as_pandas: bool = False, storage_options: dict[st
 
 
 def output_format(folder: Folder, storage_options: dict[str, Any] | None = None) -> str:
-    """spec.output.format as the folder's job.json recorded it."""
+    """spec.output.format as the folder's job file recorded it."""
     fs, root = _files(folder, storage_options)
-    recorded = json.loads(fs.cat_file(f"{root}/{JOB_FILE}"))
-    return str(recorded["spec"]["spec"]["output"]["format"])
+    return JobRecord.model_validate_json(fs.cat_file(f"{root}/{JOB_FILE}")).output.format
 
 
 def item_bytes(folder: Folder, key: str, storage_options: dict[str, Any] | None = None) -> bytes:
@@ -86,11 +76,12 @@ def item_bytes(folder: Folder, key: str, storage_options: dict[str, Any] | None 
     row = _index_row(fs, root, key)
     if row["status"] == "failed":
         raise LookupError(f"item {key} failed: {row.get('error') or 'no error recorded'}")
-    member = f"{key}.{output_format(folder, storage_options)}"
+    fmt = output_format(folder, storage_options)
     if row.get("shard") is None:
-        data: bytes = fs.cat_file(f"{root}/images/{member}")
+        data: bytes = fs.cat_file(f"{root}/{item_file(key, fmt)}")
         return data
-    with fs.open(f"{root}/{SHARD_FILE.format(shard=row['shard'])}", "rb") as f, \
+    member = member_name(key, fmt)
+    with fs.open(f"{root}/{shard_file(row['shard'])}", "rb") as f, \
             tarfile.open(fileobj=f, mode="r:") as tar:
         found = tar.extractfile(member)
         if found is None:

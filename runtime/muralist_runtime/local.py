@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 from muralist_api import contract
+from muralist_api.contract.output_folder import GALLERY_ENTRY
 from muralist_api.job import DiffusionJob
 from muralist_api.manifests import ManifestFile, Reader
 from muralist_api.rules.problems import ValidationProblem
@@ -313,7 +314,7 @@ def run_local(args: argparse.Namespace) -> int:
     if runtime.output_uri is not None:
         print(f"outputs: {runtime.output_uri}")
         return code
-    gallery = Path(runtime.output_dir) / "index.html"
+    gallery = Path(runtime.output_dir) / GALLERY_ENTRY
     if gallery.exists():
         print(f"gallery: {gallery}")
     return code

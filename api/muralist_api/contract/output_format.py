@@ -2,28 +2,29 @@
 
 A job's output folder outlives the runtime that started it: a pod upgraded in the middle of a
 job, or the same manifest run again by a newer `muralist`, resumes a folder an older version
-wrote. So the folder's layout is versioned (`OUTPUT_FORMAT`, recorded in job.json as
-`outputFormat`, beside `digestVersion`, which versions the resume digest: muralist_api/contract/resume.py), and
-this module is the one place that knows the shapes older versions wrote.
+wrote. So the folder's layout (its names: contract/output_folder.py) is versioned (`OUTPUT_FORMAT`,
+recorded in the job file as `outputFormat`, beside `digestVersion`, which versions the resume digest:
+muralist_api/contract/resume.py), and this module is the one place that knows the shapes older versions
+wrote.
 
 Versions (tests/fixtures/formats/ holds a partial folder of each, written by the commit named):
 
 1. 2a8e806 .. a4144e8^: layout files only: images/<key>.<format> + <key>.json, the JSON without
-   `index`, `id` and `kind`; manifest.rank-<r>.jsonl; no part files; job.json without
+   `index`, `id` and `kind`; manifest.rank-<r>.jsonl; no part files; a job file without
    `outputFormat` (and before e831e2d without `digestVersion`: digest version 1).
 2. a4144e8 ..: parts/chunk-<c>.jsonl marks chunk c finished and lists its items; chunks of
    ceil(rows / (4 x data-parallel groups)) rows (at most 32), or shardSize rows with layout
-   webdataset (shards/shard-<c>.tar); index.parquet; items' JSON gains index, id and kind.
+   webdataset (shards/shard-<c>.tar); the Parquet index; items' JSON gains index, id and kind.
 3. 4acd534 ..: chunks of ceil(rows / (16 x groups)) rows: the same part file names cover other
    rows. Fields added since (video frames, fps and codec, poster and input thumbnails,
    adapters, scheduler, cache, the cache gate's cacheVerify) are optional and change nothing
-   for a reader; so are job.json's cacheVerify and cacheCalibration and the folder's
+   for a reader; so are the job file's cacheVerify and cacheCalibration and the folder's
    cache-off.json.
-4. 7266f35 ..: job.json records `outputFormat` and the folder's chunks, `plan: {firstRow,
+4. 7266f35 ..: the job file records `outputFormat` and the folder's chunks, `plan: {firstRow,
    chunkRows}`: a resume keeps the folder's chunks whatever the world size or this version's
    chunking. Fields added since, optional for a reader: an item's `requestDigest` and `inputs`
    (the request it was made for: contract/resume.py) and `replaced` (what changed when it was made
-   again); job.json's `items.rerendered`. A record without a request digest is an older version's:
+   again); the job file's `items.rerendered`. A record without a request digest is an older version's:
    resume.py says when it is kept (the job-wide digest, then what the record names). A resume lists
    the items it kept with status "skipped" in their chunk's part file (the entries otherwise as they
    were).
@@ -34,8 +35,11 @@ This runtime resumes every version from 1 to OUTPUT_FORMAT. How older ones are r
 - the chunks of a folder that did not record them (1-3): `infer_chunk_rows` reads them off its
   part files (a part file lists every item of its chunk); a folder without part files (1) has
   none to keep, and its items are kept one by one, by their files.
+- the job file of any version: `read_job_record`, as today's `JobRecord` (contract/output_folder.py, where
+  every name of the folder is spelled): its fields are optional, as older versions wrote fewer.
 A folder it cannot read is refused (`FormatError`, which the runtime turns into exit 78 naming
-spec.output.path and what changed): one of a newer version, a part file that is not one. Between
+spec.output.path and what changed): one of a newer version (`NewerFormat`), a part file or a job file
+that is not one. Between
 the runtime images the skew policy pairs (contract/versions.py: releases N and N-1 under one
 operator) that makes resuming one-way: N resumes a folder of N-1, N-1 refuses one that N wrote
 in a newer format.
@@ -60,10 +64,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from muralist_api.contract import PermanentFailure
+from muralist_api.contract.output_folder import Chunks, JobRecord, part_file
+
+__all__ = ["OLDEST_FORMAT", "OUTPUT_FORMAT", "Chunks", "FormatError", "NewerFormat", "infer_chunk_rows", "read_entry",
+           "read_job_record", "recorded_chunks", "recorded_format", "resume_chunks"]
 
 OUTPUT_FORMAT = 4
 OLDEST_FORMAT = 1
@@ -74,15 +83,38 @@ class FormatError(ValueError):
     """A folder this runtime cannot resume; the message says what in it is not understood."""
 
 
-def recorded_format(job_json: Mapping[str, Any]) -> int | None:
-    """The folder's output format by its job.json; None for versions 1-3, which did not record it."""
-    value = job_json.get("outputFormat")
+class NewerFormat(FormatError):
+    """A folder of an output format a newer version wrote: that version resumes it."""
+
+
+# What a job file's field that does not read says (the default: a value of a type no version writes).
+_UNREADABLE = {"plan": "records a plan {value!r}, not {{firstRow: >= 0, chunkRows: >= 1}}"}
+
+
+def read_job_record(raw: Any) -> JobRecord:
+    """A job file's JSON (parsed) as today's JobRecord, whichever version wrote it; FormatError when none
+    did (not a JSON object, a field of a type no version writes), NewerFormat for a newer version's."""
+    if not isinstance(raw, Mapping):
+        raise FormatError(f"is not a job file of Muralist (not a JSON object but {type(raw).__name__})")
+    try:
+        record = JobRecord.model_validate(raw)
+    except ValidationError as e:
+        name = str(e.errors()[0]["loc"][0])
+        why = _UNREADABLE.get(name, "records {name} {value!r}, which no Muralist version writes")
+        raise FormatError(why.format(name=name, value=raw.get(name))) from None
+    recorded_format(record)
+    return record
+
+
+def recorded_format(record: JobRecord) -> int | None:
+    """The folder's output format by its job file; None for versions 1-3, which did not record it."""
+    value = record.output_format
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < OLDEST_FORMAT:
+    if value < OLDEST_FORMAT:
         raise FormatError(f"records outputFormat {value!r}, which no Muralist version writes")
     if value > OUTPUT_FORMAT:
-        raise FormatError(f"was written in output format {value} by a newer Muralist version; this one writes "
+        raise NewerFormat(f"was written in output format {value} by a newer Muralist version; this one writes "
                           f"format {OUTPUT_FORMAT} and resumes formats {OLDEST_FORMAT}-{OUTPUT_FORMAT}")
     return value
 
@@ -113,26 +145,10 @@ def read_entry(raw: Any, key: str | None = None, index: int | None = None) -> di
     return entry
 
 
-@dataclass(frozen=True)
-class Chunks:
-    """How a folder's rows are cut: chunk c is rows [first_row + c x chunk_rows, + chunk_rows)."""
-
-    first_row: int
-    chunk_rows: int
-
-    def to_json(self) -> dict[str, int]:
-        return {"firstRow": self.first_row, "chunkRows": self.chunk_rows}
-
-
-def recorded_chunks(job_json: Mapping[str, Any]) -> Chunks | None:
-    """The chunks a folder of version 4 or later recorded; None when it recorded none."""
-    plan = job_json.get("plan")
-    if plan is None:
-        return None
-    first, size = (plan.get("firstRow"), plan.get("chunkRows")) if isinstance(plan, dict) else (None, None)
-    if not (isinstance(first, int) and isinstance(size, int) and first >= 0 and size >= 1):
-        raise FormatError(f"records a plan {plan!r}, not {{firstRow: >= 0, chunkRows: >= 1}}")
-    return Chunks(first, size)
+def recorded_chunks(record: JobRecord) -> Chunks | None:
+    """The chunks a folder of version 4 or later recorded (its job file's `plan`, checked as it was
+    read); None when it recorded none."""
+    return record.plan
 
 
 def infer_chunk_rows(parts: Mapping[int, Collection[int]], first_row: int, rows: int) -> int | None:
@@ -150,7 +166,7 @@ def infer_chunk_rows(parts: Mapping[int, Collection[int]], first_row: int, rows:
             size, rest = divmod(low - first_row, chunk)
             fits = rest == 0 and size >= 1 and high < low + size
         if not fits:
-            raise FormatError(f"has parts/chunk-{chunk:06d}.jsonl listing rows {low}-{high}, which is no chunk of "
+            raise FormatError(f"has {part_file(chunk)} listing rows {low}-{high}, which is no chunk of "
                               f"rows counted from row {first_row}")
         sizes.add(size)
     if len(sizes) > 1:

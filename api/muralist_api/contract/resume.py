@@ -13,12 +13,12 @@ fields with defaults, and an unchanged manifest must still resume. So the digest
 - covers only what changes pixels (not batchSize, compile, the layout or the output location),
 - leaves out every field at its default, so a field added later does not enter it until a
   manifest sets it, and
-- is versioned: `r1:` starts every request digest; job.json's `specDigest` (the job-wide part,
+- is versioned: `r1:` starts every request digest; the job file's `specDigest` (the job-wide part,
   `spec_digest`, versioned by `digestVersion`) is kept for the items of older versions, whose records
   carry no request digest: such an item is kept when the folder's job-wide digest matches and its
   record names the same prompt, negative prompt, seed, strength and input paths (`legacy_match`).
 
-A folder belongs to one job (job.json's namespace and name): another job's folder is refused
+A folder belongs to one job (its job file's namespace and name): another job's folder is refused
 unless the manifest shares it (spec.output.shared); the same job deleted and applied again is the
 same job, and resumes.
 """
@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from muralist_api.contract.output_folder import JobRecord
 from muralist_api.items import Item
 from muralist_api.job import DiffusionJobSpec, Generation, ModelSpec
 
@@ -65,16 +66,15 @@ def spec_digest(spec: DiffusionJobSpec) -> str:
     return _digest(pixel_parameters(spec.model, spec.generation))
 
 
-def recorded_digest(job_json: dict[str, Any]) -> str | None:
-    """The digest of the outputs described by a job.json, in this version's terms.
+def recorded_digest(record: JobRecord) -> str | None:
+    """The digest of the outputs described by a job file, in this version's terms.
 
-    None when it cannot be told: a job.json of a newer version whose spec has fields this one
-    does not know (they may change pixels), or one that is not a job.json at all.
+    None when it cannot be told: a job file of a newer version whose spec has fields this one
+    does not know (they may change pixels), or one that records no spec.
     """
-    if job_json.get("digestVersion") == DIGEST_VERSION:
-        digest = job_json.get("specDigest")
-        return digest if isinstance(digest, str) else None
-    spec = (job_json.get("spec") or {}).get("spec")
+    if record.digest_version == DIGEST_VERSION:
+        return record.spec_digest
+    spec = (record.spec or {}).get("spec")
     if not isinstance(spec, dict):
         return None
     try:
@@ -85,9 +85,9 @@ def recorded_digest(job_json: dict[str, Any]) -> str | None:
     return _digest(pixel_parameters(model, generation))
 
 
-def mismatch(job_json: dict[str, Any], spec: DiffusionJobSpec) -> str | None:
-    """Why outputs described by `job_json` cannot be kept by a job with `spec`; None if they can."""
-    old, new = recorded_digest(job_json), spec_digest(spec)
+def mismatch(record: JobRecord, spec: DiffusionJobSpec) -> str | None:
+    """Why outputs described by a job file cannot be kept by a job with `spec`; None if they can."""
+    old, new = recorded_digest(record), spec_digest(spec)
     if old == new:
         return None
     if old is None:
@@ -134,10 +134,9 @@ def legacy_match(entry: Mapping[str, Any], item: Item) -> bool:
                if isinstance(getattr(item, field), str))
 
 
-def other_job(job_json: Mapping[str, Any], namespace: str, name: str) -> str | None:
+def other_job(record: JobRecord, namespace: str, name: str) -> str | None:
     """The namespace/name of the job that wrote a folder when it is not this one; None when it is (or the
     folder does not say)."""
-    recorded = (job_json.get("namespace") or "default", job_json.get("name"))
-    if not isinstance(recorded[1], str) or recorded == (namespace, name):
+    if record.name is None or (record.namespace or "default", record.name) == (namespace, name):
         return None
-    return f"{recorded[0]}/{recorded[1]}"
+    return f"{record.namespace or 'default'}/{record.name}"

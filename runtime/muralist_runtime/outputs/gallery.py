@@ -19,7 +19,7 @@ Page 1 and the last NEAR pages are written at the end with the total in their HT
 entry point needs no script at all, and without JavaScript an early page lacks only the total.
 
 Files: each is written to a temp name beside it and renamed, so a reader (a web server, a
-copy) never sees half a page. Without fsync: the gallery is derived from manifest.jsonl and
+copy) never sees half a page. Without fsync: the gallery is derived from the manifest and
 rewritten by any rerun, and 5,000 fsyncs on a network volume would cost minutes. index.html
 goes last, so once it is there every page it leads to is too; pages left from an earlier,
 longer run are removed. Every link is relative (pages in gallery/ reach outputs via ../), so
@@ -36,26 +36,19 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from muralist_api.contract.output_folder import GALLERY_DIR, GALLERY_ENTRY, GALLERY_SUMMARY, page_name, page_number
+
 from . import storage, temps
 from .gallery_cards import STATUSES, card, job_line
 
-GALLERY_DIR = "gallery"
-SUMMARY_FILE = "summary.js"
 # Pages linked on each side of the current one in the page index.
 NEAR = 2
-_PAGE_NAME = re.compile(r"^page-(\d+)\.html$")
-
-
-def page_name(number: int) -> str:
-    """The file name of page `number` >= 2 inside gallery/ (page 1 is ../index.html)."""
-    return f"page-{number:05d}.html"
 
 
 def write_gallery(root: Path, title: str, entries: Iterable[Mapping[str, Any]], page_size: int = 200,
@@ -107,7 +100,7 @@ def write_gallery(root: Path, title: str, entries: Iterable[Mapping[str, Any]], 
         _write_page(gallery, head, page, known=number, total=total)
     summary = {"items": total.items, "pages": total.pages, "pageSize": page_size,
                **{s: totals[s] for s in (*STATUSES, "other")}}
-    _atomic_write(gallery / SUMMARY_FILE, f"muralistSummary({json.dumps(summary)});\n")
+    _atomic_write(gallery / GALLERY_SUMMARY, f"muralistSummary({json.dumps(summary)});\n")
     _remove_pages_after(gallery, total.pages)
     assert first is not None
     return _write_page(root, head, first, known=number, total=total)
@@ -144,7 +137,7 @@ class _Page:
 
 def _write_page(folder: Path, head: _Head, page: _Page, known: int, total: _Total | None) -> Path:
     """Write `page`; `known` pages exist so far, and `total` is None while the end is unknown."""
-    path = folder / ("index.html" if page.number == 1 else page_name(page.number))
+    path = folder / (GALLERY_ENTRY if page.number == 1 else page_name(page.number))
     _atomic_write(path, _page_html(head, page, known, total))
     return path
 
@@ -152,8 +145,8 @@ def _write_page(folder: Path, head: _Head, page: _Page, known: int, total: _Tota
 def _href(target: int, at: int) -> str:
     """The link from page `at` to page `target`: index.html sits one level above the others."""
     if at == 1:
-        return "index.html" if target == 1 else f"{GALLERY_DIR}/{page_name(target)}"
-    return "../index.html" if target == 1 else page_name(target)
+        return GALLERY_ENTRY if target == 1 else f"{GALLERY_DIR}/{page_name(target)}"
+    return f"../{GALLERY_ENTRY}" if target == 1 else page_name(target)
 
 
 def _pager(at: int, last: int | None, known: int) -> str:
@@ -190,7 +183,8 @@ def _summary_line(head: _Head, page: _Page, total: _Total | None) -> str:
     return line + f'<span class="total">{total.text() if total else ""}</span>'
 
 
-# Fills what an early page could not know, from gallery/summary.js (static code: no user data).
+# Fills what an early page could not know, from gallery/summary.js (static code: no user data). Its link to the
+# last page is output_folder.page_name's, in JavaScript.
 _SUMMARY_SCRIPT = """<script>
 function muralistSummary(s) {
   var fmt = function (n) { return n.toLocaleString("en-US"); };
@@ -213,7 +207,7 @@ function muralistSummary(s) {
   });
 }
 </script>
-<script src="summary.js"></script>"""
+""" + f'<script src="{GALLERY_SUMMARY}"></script>'
 
 _CSS = """
 :root{color-scheme:light dark;--bg:#f4f4f5;--card:#fff;--fg:#18181b;--muted:#6b6b76;--line:#dedee3;
@@ -295,6 +289,6 @@ def _remove_pages_after(gallery: Path, last: int) -> None:
     """Pages of an earlier run with more items: they would link into the new gallery wrongly."""
     files = storage.at(gallery)
     for name in files.names(gallery):
-        match = _PAGE_NAME.match(name)
-        if match and int(match.group(1)) > last:
+        number = page_number(name)
+        if number is not None and number > last:
             files.remove(gallery / name)

@@ -15,7 +15,7 @@ from .layouts import FilesLayout, WebDatasetLayout
 def open_job_folder(runtime: RuntimeSpec, work: WorkPlan,
                     layout: Layout) -> tuple[writer.JobFile, WorkPlan, FilesLayout | WebDatasetLayout | None]:
     """The job file, the plan of work as the folder has it, and this rank's output layout (None on
-    a rank that writes nothing). The first pod's first rank writes job.json: the world it runs in."""
+    a rank that writes nothing). The first pod's first rank writes the job file: the world it runs in."""
     storage.mount(runtime)  # spec.output.uri: the output tree's files go to object storage
     jobfile = writer.JobFile(runtime)
     recorded, trust = jobfile.check_existing()

@@ -1,6 +1,7 @@
 """Where items go: the two output layouts, and the chunk part files that say what is done.
 
-Layout under the output directory (spec.output.layout):
+Layout under the output directory (spec.output.layout; every name is the output-folder contract's,
+muralist_api/contract/output_folder.py):
 
     files:       images/<key>.<format> and images/<key>.json (metadata first, image last: an
                  image on disk means its metadata is there too); a video's poster frame
@@ -9,7 +10,7 @@ Layout under the output directory (spec.output.layout):
     webdataset:  shards/shard-<chunk>.tar, members <key>.<format> + <key>.json per item
     both:        parts/chunk-<chunk>.jsonl, the manifest lines of one chunk, written once all
                  its items are on disk or failed: a chunk's part file is its "done" marker;
-                 manifest.jsonl, index.parquet, job.json, index.html (merge.py, at the end)
+                 the manifest, the index, the job file and the gallery (merge.py, at the end)
 
 Every file is written to a temp name and renamed, so no reader sees a partial one; a rank
 killed mid-chunk costs that chunk's unfinished items (files) or its shard (webdataset).
@@ -30,14 +31,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from muralist_api.contract import PermanentFailure, output_format
+from muralist_api.contract import PermanentFailure, output_folder, output_format
+from muralist_api.contract.output_folder import JobRecord
 from muralist_api.items import Item, printable
 from muralist_api.runtime_spec import RuntimeSpec
 
 from ..work.chunks import ChunkCounts
 from ..work.item_failures import NAMED, describe_item
 from . import media, requests, shards, storage, temps
-from .gallery import GALLERY_DIR
 from .thumbnails import thumbnail_jpeg
 from .writer import atomic_write_bytes, atomic_write_text
 
@@ -46,7 +47,6 @@ PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 # gives byte-identical files on any world size (rank and seconds live in the JSON).
 PNG_TEXT_FIELDS = ("prompt", "negativePrompt", "seed", "steps", "guidanceScale", "height",
                    "width", "model", "revision", "dtype")
-PARTS = "parts"
 
 
 @dataclass
@@ -75,11 +75,11 @@ class RenderedOutput:
 def tree(root: Path) -> list[Path]:
     """The output tree's directories: where its files, and so their temps, are (never the folders
     beside it: with output.path "." those are other jobs')."""
-    return [root, root / "images", root / "shards", root / PARTS, root / GALLERY_DIR]
+    return [root, *(root / directory for directory in output_folder.DIRECTORIES)]
 
 
 def part_path(root: Path, chunk: int) -> Path:
-    return root / PARTS / f"chunk-{chunk:06d}.jsonl"
+    return root / output_folder.part_file(chunk)
 
 
 def read_part(root: Path, chunk: int) -> list[dict[str, Any]] | None:
@@ -114,9 +114,9 @@ def load_part(root: Path, chunk: int) -> list[dict[str, Any]]:
     return out
 
 
-def resumed_plan(runtime: RuntimeSpec, plan: Any, recorded: dict[str, Any] | None) -> Any:
+def resumed_plan(runtime: RuntimeSpec, plan: Any, recorded: JobRecord | None) -> Any:
     """The work plan (work.WorkPlan) of a run on this output folder: cut in the folder's chunks,
-    recorded in its job.json or, for a folder of format 2-3, read off its first part files."""
+    recorded in its job file or, for a folder of format 2-3, read off its first part files."""
     root = Path(runtime.output_dir)
     fresh = output_format.Chunks(plan.start, plan.chunk_rows)
     try:
@@ -133,9 +133,8 @@ def resumed_plan(runtime: RuntimeSpec, plan: Any, recorded: dict[str, Any] | Non
 def _first_parts_rows(root: Path) -> dict[int, set[int]]:
     """chunk -> the rows its part file lists, of the two lowest-numbered part files: enough to
     tell the chunk size (chunk 0 alone may be the last one)."""
-    stems = [name.removesuffix(".jsonl") for name in storage.at(root).names(root / PARTS)
-             if name.startswith("chunk-") and name.endswith(".jsonl")]
-    numbers = sorted(int(s.rpartition("-")[2]) for s in stems if s.rpartition("-")[2].isdigit())
+    numbers = sorted(n for name in storage.at(root).names(root / output_folder.PARTS_DIR)
+                     if (n := output_folder.part_number(name)) is not None)
     out = {}
     for chunk in numbers[:2]:
         entries = read_part(root, chunk)
@@ -274,19 +273,19 @@ class FilesLayout:
     def __init__(self, runtime: RuntimeSpec, rank: int, trust: requests.FolderTrust = requests.TRUSTED):
         self.runtime, self.rank, self.trust = runtime, rank, trust
         self.root = Path(runtime.output_dir)
-        self.images = self.root / "images"
+        self.images = self.root / output_folder.IMAGES_DIR
         self.ext = runtime.spec.output.format
 
     def prepare(self) -> None:
         self.images.mkdir(parents=True, exist_ok=True)
-        (self.root / PARTS).mkdir(parents=True, exist_ok=True)
+        (self.root / output_folder.PARTS_DIR).mkdir(parents=True, exist_ok=True)
         temps.remove_stale_in(tree(self.root))
 
     def image_path(self, item: Item) -> Path:
-        return self.images / f"{item.key}.{self.ext}"
+        return self.root / output_folder.item_file(item.key, self.ext)
 
     def meta_path(self, item: Item) -> Path:
-        return self.images / f"{item.key}.json"
+        return self.root / output_folder.record_file(item.key)
 
     def item_done(self, item: Item) -> bool:
         # The output is written last: its presence says the metadata is there too.
@@ -320,18 +319,18 @@ class FilesLayout:
         meta = output_metadata(self.runtime, item, self.rank, seconds, output)
         if meta.get("replaced"):
             storage.at(self.image_path(item)).remove(self.image_path(item))
-        meta["file"] = f"images/{item.key}.{self.ext}"
+        meta["file"] = output_folder.item_file(item.key, self.ext)
         stills: dict[str, Any] = {}
         if output.is_video:
             stills["poster"] = media.poster_frame(output.frames)
         for field_name, image in output.inputs.items():
             stills["input" if field_name == "image" else field_name] = image
         for name in stills:
-            meta[name] = f"images/{item.key}.{name}.jpg"
+            meta[name] = output_folder.still_file(item.key, name)
         atomic_write_text(self.meta_path(item), json.dumps(meta, indent=2) + "\n")
         for name, image in stills.items():
             data = encode_image(image, "jpeg", meta) if name == "poster" else thumbnail_jpeg(image)
-            atomic_write_bytes(self.images / f"{item.key}.{name}.jpg", data)
+            atomic_write_bytes(self.root / output_folder.still_file(item.key, name), data)
         atomic_write_bytes(self.image_path(item), encode_output(output, self.runtime, meta))
         meta["status"] = "rendered"
         return meta
@@ -356,13 +355,13 @@ class WebDatasetLayout:
     def __init__(self, runtime: RuntimeSpec, rank: int, trust: requests.FolderTrust = requests.TRUSTED):
         self.runtime, self.rank, self.trust = runtime, rank, trust
         self.root = Path(runtime.output_dir)
-        self.shards = self.root / "shards"
+        self.shards = self.root / output_folder.SHARDS_DIR
         self.ext = runtime.spec.output.format
         self._open: dict[int, shards.ShardWriter] = {}
 
     def prepare(self) -> None:
         self.shards.mkdir(parents=True, exist_ok=True)
-        (self.root / PARTS).mkdir(parents=True, exist_ok=True)
+        (self.root / output_folder.PARTS_DIR).mkdir(parents=True, exist_ok=True)
         temps.remove_stale_in(tree(self.root))
 
     def item_done(self, item: Item) -> bool:
@@ -398,9 +397,10 @@ class WebDatasetLayout:
               seconds: float) -> tuple[dict[str, Any], dict[str, bytes]]:
         """On a writer thread: encode only; `add` puts the members in the shard, in order."""
         meta = output_metadata(self.runtime, item, self.rank, seconds, output)
-        meta["shard"] = f"shards/{shards.shard_path(self.shards, chunk).name}"
+        meta["shard"] = output_folder.shard_file(chunk)
         data = encode_output(output, self.runtime, meta)
-        return meta, {self.ext: data, "json": (json.dumps(meta, sort_keys=True) + "\n").encode()}
+        record = (json.dumps(meta, sort_keys=True) + "\n").encode()
+        return meta, {self.ext: data, output_folder.RECORD_EXTENSION: record}
 
     def add(self, chunk: int, item: Item, result: tuple[dict[str, Any], dict[str, bytes]]) -> dict[str, Any]:
         meta, members = result

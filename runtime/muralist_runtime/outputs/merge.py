@@ -9,7 +9,7 @@ The merge proves the job complete: the manifest holds every planned item exactly
 failed. A part file that is missing (a pod wrote where the first pod cannot see: an emptyDir of its own),
 that cannot be read after a few tries, or that does not list exactly its chunk's items fails the merge
 (`MergeIncomplete`, retryable, naming the chunks and the pods that held them), before the manifest is
-published: never a success with items missing. The counts it returns are the manifest's: job.json, the
+published: never a success with items missing. The counts it returns are the manifest's: the job file, the
 first pod's termination message and so the job's status take them from there.
 """
 
@@ -23,16 +23,17 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from muralist_api.contract import Counts
+from muralist_api.contract import Counts, output_folder
 from muralist_api.items import item_key, printable
 from muralist_api.runtime_spec import RuntimeSpec
 
+from ..step_cache import verdict as cache_verdict
 from ..work import item_failures
 from ..work.chunks import Tally, WorkPlan, merge_wait_bound, owner
 from ..work.claims import ClaimClient
 from ..work.item_failures import NAMED, describe_item
 from ..world.distributed import Layout
-from . import cache_verdict, layouts, shards, storage, temps
+from . import layouts, shards, storage, temps
 from .gallery import write_gallery
 from .layouts import read_part
 from .writer import JobFile
@@ -89,10 +90,8 @@ def planned_keys(plan: WorkPlan, chunk: int) -> list[str]:
 
 
 def _part_numbers(root: Path) -> list[int]:
-    names = storage.at(root).names(root / layouts.PARTS)
-    stems = [n.removesuffix(".jsonl").rpartition("-")[2] for n in names if n.startswith("chunk-")
-             and n.endswith(".jsonl")]
-    return [int(s) for s in stems if s.isdigit()]
+    names = storage.at(root).names(root / output_folder.PARTS_DIR)
+    return [n for name in names if (n := output_folder.part_number(name)) is not None]
 
 
 def _load(root: Path, chunk: int, holder: Holder) -> list[dict[str, Any]]:
@@ -143,7 +142,7 @@ def index_row(entry: dict[str, Any]) -> dict[str, Any]:
         "key": entry.get("key"),
         "prompt": _utf8(entry.get("prompt")),
         "seed": entry.get("seed"),
-        "shard": int(Path(shard).stem.split("-")[1]) if shard else None,
+        "shard": output_folder.shard_number(shard) if shard else None,
         "status": entry.get("status"),
         "seconds": entry.get("seconds"),
         "error": _utf8(entry.get("error")),
@@ -158,16 +157,16 @@ def _utf8(text: Any) -> Any:
 def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str, Any],
           sampled: list[dict[str, Any]] | None = None, plan: WorkPlan | None = None,
           holder: Holder = lambda _chunk: "") -> dict[str, int]:
-    """manifest.jsonl + index.parquet + the gallery; returns the counts by status, and `rerendered` (the
+    """The manifest, the index and the gallery; returns the counts by status, and `rerendered` (the
     rendered items that replaced an output of another request). `sampled` collects the rows the cache
     gate measured (cache_verdict.ROW_FIELD). With the `plan`, every planned item must be there
     (`entries`): else MergeIncomplete, and nothing is published."""
     counts: dict[str, int] = {}
-    manifest = root / "manifest.jsonl"
+    manifest = root / output_folder.MANIFEST_FILE
     if plan is not None:
         check_present(root, chunks, holder)  # before anything is written
     tmp = temps.opened(temps.temp_path(manifest))
-    index = shards.IndexWriter(root / "index.parquet")
+    index = shards.IndexWriter(root / output_folder.INDEX_FILE)
 
     def stream() -> Iterator[dict[str, Any]]:
         with open(tmp, "w") as out:
@@ -223,8 +222,8 @@ def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: Cl
                    plan=work, holder=holder)
     summary: dict[str, Any] = {**(learned or {}), "items": counts}
     if spec.generation.cache is not None and spec.generation.cache.verify is not None:
-        summary["cacheVerify"] = cache_verdict.summarise(sampled, spec.generation.cache.verify.thresholds(),
-                                                         cache_verdict.read_off(jobfile.root))
+        off = cache_verdict.read_off(storage.at(jobfile.root), jobfile.root)
+        summary["cacheVerify"] = cache_verdict.summarise(sampled, spec.generation.cache.verify.thresholds(), off)
     jobfile.write(layout.describe(), timings, summary)
     # Merged: no temp of the tree is needed any more (a killed writer's, a slow duplicate's).
     if removed := temps.remove_all_in(layouts.tree(jobfile.root)):

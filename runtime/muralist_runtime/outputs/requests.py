@@ -23,7 +23,7 @@ from ..work.inputs import InputError
 
 @dataclass(frozen=True)
 class FolderTrust:
-    """What the job folder's job.json said at the start: whether records without a request digest (of an
+    """What the folder's job file said at the start: whether records without a request digest (of an
     older version) may be kept by what they name (the job-wide digest matched, and the folder is this job's)."""
 
     legacy: bool = True

@@ -23,15 +23,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from muralist_api.contract.output_folder import member_name, shard_name
+
 from . import storage, temps
 
-SHARD_NAME = "shard-{index:06d}.tar"
 _KEY = re.compile(r"[^./\\\s][^./\\]*")
 _EXT = re.compile(r"[^/\\\s]+")
 
 
 def shard_path(directory: Path, shard_index: int) -> Path:
-    return directory / SHARD_NAME.format(index=shard_index)
+    return directory / shard_name(shard_index)
 
 
 class ShardWriter:
@@ -66,7 +67,7 @@ class ShardWriter:
         for ext, data in members.items():
             if not _EXT.fullmatch(ext):
                 raise ValueError(f"member extension {ext!r} of {key!r}: non-empty, without '/' or whitespace")
-            info = tarfile.TarInfo(f"{key}.{ext}")
+            info = tarfile.TarInfo(member_name(key, ext))
             info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "", ""
             if isinstance(data, Path):
                 info.size = data.stat().st_size

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_api.storage import storage_options
+from muralist_api.storage import open_location
 
 from . import temps
 
@@ -96,15 +96,10 @@ class LocalStorage:
 class ObjectStorage:
     """Objects under `uri`, standing for the paths under the local staging folder `root`."""
 
-    def __init__(self, root: Path, uri: str, options: dict[str, Any] | None = None, fs: Any = None):
-        import fsspec
-
+    def __init__(self, root: Path, uri: str, endpoint: str | None = None, options: dict[str, Any] | None = None):
         self.root = root
         self.uri = uri.rstrip("/")
-        if fs is None:
-            fs, _ = fsspec.core.url_to_fs(self.uri, **(options or {}))
-        self.fs = fs
-        self._prefix = fs._strip_protocol(self.uri)
+        self.fs, self._prefix = open_location(self.uri, endpoint, options)
 
     def key(self, path: Path) -> str:
         """The object's path (the URI's, without the protocol) that `path` stands for."""
@@ -168,9 +163,8 @@ def mount(runtime: RuntimeSpec) -> Storage:
     with _LOCK:
         if root not in _MOUNTED:
             # No cached listings: other pods add objects, and resume must see them.
-            options = {**storage_options(runtime.output_uri, runtime.spec.output.endpoint),
-                       "use_listings_cache": False}
-            _MOUNTED[root] = ObjectStorage(root, runtime.output_uri, options)
+            _MOUNTED[root] = ObjectStorage(root, runtime.output_uri, runtime.spec.output.endpoint,
+                                           {"use_listings_cache": False})
         return _MOUNTED[root]
 
 

@@ -1,7 +1,7 @@
 """Temporary files of the output tree: the one name they have, and the clean-ups that know it.
 
 Every file under the output directory (images, shards, part files, the index, the manifest,
-the gallery, job.json) is written to a temp name in its own directory and renamed into place,
+the gallery, the job file) is written to a temp name in its own directory and renamed into place,
 so no reader ever sees a partial file. The temp name is `.<name>.<host>-<pid>.tmp`: a pid
 alone repeats across pods (each pod has its own pid namespace, and torchrun workers get
 similar small pids) when two pods write the same file (a chunk handed out twice after a
@@ -32,7 +32,7 @@ from pathlib import Path
 TMP_SUFFIX = ".tmp"
 _TMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<host>[^.]*)-(?P<pid>\d+)\.tmp$")
 # Names of earlier runtimes (`.<name>.<pid>.tmp` of the gallery and older writers, the merge's
-# `.manifest.jsonl.merge.tmp`): an upgraded job's folder may hold them; once merged, they go too.
+# `.<manifest>.merge.tmp`): an upgraded job's folder may hold them; once merged, they go too.
 _OLDER_NAMES = re.compile(r"^\..+\.(?:\d+|merge)\.tmp$")
 # A temp of another host is its writer's until it has been untouched this long.
 FOREIGN_STALE_SECONDS = 3600.0

@@ -1,4 +1,4 @@
-"""Writing safely: atomic files, job.json, and the writer threads that keep the GPU busy.
+"""Writing safely: atomic files, the job file, and the writer threads that keep the GPU busy.
 
 Every file is written whole through the output tree's storage (storage.py): on a volume to a temp
 name in the same directory and `os.replace`d, so no reader ever sees a partial file (temps.py names
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from muralist_api.contract import PermanentFailure, output_format, resume
+from muralist_api.contract.output_folder import JOB_FILE, JobRecord
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
@@ -56,13 +57,13 @@ def library_versions() -> dict[str, str]:
 
 
 class JobFile:
-    """job.json: the resolved spec, library versions, the world, the resume digest, the output
-    format and the folder's chunks (muralist_api/contract/output_format.py), timings."""
+    """The job file (contract/output_folder.py's `JobRecord`): the resolved spec, library versions, the
+    world, the resume digest, the output format and the folder's chunks (contract/output_format.py), timings."""
 
     def __init__(self, runtime: RuntimeSpec):
         self.runtime = runtime
         self.root = Path(runtime.output_dir)
-        self.path = self.root / "job.json"
+        self.path = self.root / JOB_FILE
         self.chunks: output_format.Chunks | None = None  # recorded by write(): the work plan's cut
 
     @property
@@ -70,12 +71,12 @@ class JobFile:
         """The job's folder as its readers name it (a path, or a URI)."""
         return storage.at(self.root).where(self.root)
 
-    def check_existing(self) -> tuple[dict[str, Any] | None, requests.FolderTrust]:
-        """Check the folder's job.json before any item is kept (every rank reads): returns it (None when
+    def check_existing(self) -> tuple[JobRecord | None, requests.FolderTrust]:
+        """Check the folder's job file before any item is kept (every rank reads): returns it (None when
         there is none yet) and how far records of older versions may be trusted.
 
         Refused (exit 78, naming the field): a folder of an output format this version does not read, a
-        job.json that is not one, a folder another job wrote (unless spec.output.shared). A job.json that
+        job file that is not one, a folder another job wrote (unless spec.output.shared). A job file that
         cannot be read now (a store's transient error) is an error of the run, retried: never taken for
         a new folder, whose first writer would replace it. Which items are kept is then each item's request
         digest's to say (requests.py); the job-wide digest decides only for records of older versions.
@@ -85,19 +86,23 @@ class JobFile:
         except FileNotFoundError:
             return None, requests.TRUSTED
         except OSError as e:
-            e.add_note(f"muralist: cannot read {self.where}/job.json now; the run fails and is retried")
+            e.add_note(f"muralist: cannot read {storage.at(self.path).where(self.path)} now; the run fails and is "
+                       "retried")
             raise
         try:
-            recorded = json.loads(raw)
+            parsed = json.loads(raw)
         except ValueError as e:
-            recorded = e
-        if not isinstance(recorded, dict):
-            raise PermanentFailure("spec.output.path", f"{self.where}/job.json is not a job file of Muralist (not a "
-                                   "JSON object); move it away, or use another output.path")
+            parsed = e
+        if not isinstance(parsed, dict):
+            raise PermanentFailure("spec.output.path", f"{storage.at(self.path).where(self.path)} is not a job file "
+                                   "of Muralist (not a JSON object); move it away, or use another output.path")
         try:
-            output_format.recorded_format(recorded)
-        except output_format.FormatError as e:
+            recorded = output_format.read_job_record(parsed)
+        except output_format.NewerFormat as e:
             raise PermanentFailure("spec.output.path", f"{self.where} {e}; run it with that version, or use "
+                                   "another output.path") from None
+        except output_format.FormatError as e:
+            raise PermanentFailure("spec.output.path", f"{self.where} {e}; move its {JOB_FILE} away, or use "
                                    "another output.path") from None
         other = resume.other_job(recorded, self.runtime.namespace, self.runtime.name)
         if other is not None and not self.runtime.spec.output.shared:
@@ -108,30 +113,31 @@ class JobFile:
         return recorded, requests.FolderTrust(legacy=resume.mismatch(recorded, self.runtime.spec) is None)
 
     def merged(self) -> bool:
-        """Whether the job's outputs were merged already (job.json counts its items)."""
+        """Whether the job's outputs were merged already (the job file counts its items)."""
         try:
-            return "items" in json.loads(storage.at(self.path).read_bytes(self.path))
-        except (OSError, ValueError, TypeError):
+            return JobRecord.model_validate_json(storage.at(self.path).read_bytes(self.path)).merged
+        except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
             return False
 
     def write(self, world: dict[str, int], timings: dict[str, float] | None = None,
               summary: dict[str, Any] | None = None) -> None:
-        doc: dict[str, Any] = {
+        """The job file: what the job is, where it runs; at the merge, the `summary` (the items by status,
+        the cache's summaries: JobRecord's fields by their names in the file) and the `timings`."""
+        record = JobRecord.model_validate({
             "name": self.runtime.name,
             "namespace": self.runtime.namespace,
             "digestVersion": resume.DIGEST_VERSION,
             "specDigest": resume.spec_digest(self.runtime.spec),
             "outputFormat": output_format.OUTPUT_FORMAT,
-            **({"plan": self.chunks.to_json()} if self.chunks is not None else {}),
+            **({"plan": self.chunks} if self.chunks is not None else {}),
             "spec": self.runtime.model_dump(by_alias=True, mode="json", exclude_none=True),
             "versions": library_versions(),
             "world": world,
             **(summary or {}),
-        }
-        if timings:
-            doc.update({k: round(v, 3) for k, v in timings.items()})
+            **{k: round(v, 3) for k, v in (timings or {}).items()},
+        })
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path, json.dumps(doc, indent=2) + "\n")
+        atomic_write_text(self.path, record.to_text())
 
 
 # -- background writing ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Any
 
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_api.storage import join_uri, storage_options
+from muralist_api.storage import join_uri, open_location
 
 FIELDS = ("image", "mask")  # Item fields, and their names in the spec
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -67,9 +67,7 @@ def _relative(field: str, path: str) -> str:
 
 @functools.cache
 def _object_store(uri: str, endpoint: str | None) -> Any:
-    import fsspec
-
-    fs, _ = fsspec.core.url_to_fs(uri, **storage_options(uri, endpoint))
+    fs, _ = open_location(uri, endpoint)
     return fs
 
 

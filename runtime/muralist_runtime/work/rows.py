@@ -93,7 +93,7 @@ def dataset_rows(runtime: RuntimeSpec) -> DatasetRows:
     assert dataset is not None
     path: Path | RemotePath
     if runtime.dataset_uri:
-        path = RemotePath.from_uri(runtime.dataset_uri, dataset.options())
+        path = RemotePath.from_uri(runtime.dataset_uri, dataset.endpoint)
     elif runtime.dataset_dir:
         path = Path(runtime.dataset_dir) / dataset.path
     else:

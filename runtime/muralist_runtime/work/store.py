@@ -20,7 +20,7 @@ STORE_PROBE_SECONDS = 15.0
 def connect(layout: Layout, merged: Callable[[], bool],
             root: str) -> tuple[claims.ClaimServer | None, claims.ClaimClient | None]:
     """The store this rank hosts (the first pod's first rank), and its client (ranks that write or
-    host); `merged`: whether the job in `root` was merged already (its job.json says so)."""
+    host); `merged`: whether the job in `root` was merged already (its job file says so)."""
     host, port = chunks.claims_address()
     server = claims.ClaimServer(port) if layout.hosts_store else None
     if server is not None:

@@ -24,8 +24,7 @@ def bucket(s3_server: S3Server) -> str:
 
 
 def remote(s3_server: S3Server, uri: str) -> RemotePath:
-    return RemotePath.from_uri(uri, {"client_kwargs": {"endpoint_url": s3_server.endpoint},
-                                     "use_listings_cache": False})
+    return RemotePath.from_uri(uri, s3_server.endpoint, {"use_listings_cache": False})
 
 
 def runtime_for(tmp_path: Path, s3_server: S3Server, output_uri: str, **spec: Any) -> RuntimeSpec:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import posixpath
 from typing import IO, Any
 
+from muralist_api.storage import open_location, protocol
+
 # Read-ahead of the line readers (JSON Lines, CSV, text): one request per block.
 LINE_BLOCK = 4 << 20
 
@@ -24,11 +26,10 @@ class RemotePath:
         self.kind = kind  # "file" or "directory" when a listing said so: no request to ask again
 
     @classmethod
-    def from_uri(cls, uri: str, options: dict[str, Any] | None = None) -> RemotePath:
-        import fsspec
-
-        fs, key = fsspec.core.url_to_fs(uri, **(options or {}))
-        return cls(fs, key, uri.split("://", 1)[0])
+    def from_uri(cls, uri: str, endpoint: str | None = None, options: dict[str, Any] | None = None) -> RemotePath:
+        """The object or prefix `uri` names, with its section's endpoint (and more fsspec `options`)."""
+        fs, key = open_location(uri, endpoint, options)
+        return cls(fs, key, protocol(uri))
 
     def __str__(self) -> str:
         return f"{self.protocol}://{self.key}"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from muralist_api.contract import PermanentFailure
+from muralist_api.contract.output_folder import JobRecord
 from muralist_api.contract.output_format import OUTPUT_FORMAT, Chunks, FormatError, infer_chunk_rows, read_entry
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime.outputs import layouts
@@ -130,7 +131,8 @@ def test_job_json_records_the_format_and_the_chunks(tmp_path: Path) -> None:
     jobfile.write({"worldSize": 1})
     recorded, _ = jobfile.check_existing()
     assert recorded is not None
-    assert (recorded["outputFormat"], recorded["plan"]) == (OUTPUT_FORMAT, {"firstRow": 0, "chunkRows": 3})
+    assert (recorded.output_format, recorded.plan) == (OUTPUT_FORMAT, Chunks(0, 3))
+    assert json.loads(jobfile.path.read_text())["plan"] == {"firstRow": 0, "chunkRows": 3}
 
 
 @pytest.mark.parametrize(("parts", "first_row", "rows", "size"), [
@@ -168,7 +170,7 @@ def test_a_resumed_folder_keeps_its_chunks_whatever_this_version_would_cut(tmp_p
     assert layouts.resumed_plan(old, plan_of(old), None).chunk_rows == 3, "job.json gone: the parts still tell"
     new = fixture("new", tmp_path)
     assert layouts.resumed_plan(new, plan_of(new), None) == plan_of(new), "a new folder: this run's cut"
-    recorded = {"outputFormat": OUTPUT_FORMAT, "plan": {"firstRow": 0, "chunkRows": 2}}
+    recorded = JobRecord(output_format=OUTPUT_FORMAT, plan=Chunks(0, 2))
     assert layouts.resumed_plan(new, plan_of(new), recorded).chunk_rows == 2, "another world's cut, recorded"
 
 
@@ -177,9 +179,11 @@ def test_a_webdataset_folder_of_other_shards_or_rows_is_refused(tmp_path: Path) 
     with pytest.raises(PermanentFailure, match=r"^spec.output.shardSize: .* holds shards of 2 rows, this job asks "
                                                r"for 3; set shardSize 2 to resume it"):
         layouts.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing()[0])
-    moved = {"outputFormat": OUTPUT_FORMAT, "plan": {"firstRow": 4, "chunkRows": 3}}
+    moved = JobRecord(output_format=OUTPUT_FORMAT, plan=Chunks(4, 3))
     with pytest.raises(PermanentFailure, match=r"^spec.dataset.start: .* holds chunks counted from row 4, this job "
                                                r"starts at row 0"):
         layouts.resumed_plan(runtime, plan_of(runtime), moved)
-    with pytest.raises(PermanentFailure, match=r"^spec.output.path: .* records a plan"):
-        layouts.resumed_plan(runtime, plan_of(runtime), {"outputFormat": OUTPUT_FORMAT, "plan": {"chunkRows": 0}})
+    job = json.loads((tmp_path / "a4144e8-webdataset" / "job.json").read_text())
+    (tmp_path / "a4144e8-webdataset" / "job.json").write_text(json.dumps({**job, "plan": {"chunkRows": 0}}))
+    with pytest.raises(PermanentFailure, match=r"^spec.output.path: .* records a plan \{'chunkRows': 0\}, not "):
+        JobFile(runtime).check_existing()
