@@ -9,14 +9,14 @@ uncached images of the same seeds), in one interleaved run on the trained murali
 The model draws the coloured shape a caption names (runtime/muralist_runtime/model/shapes.py);
 it renders 64x64 in 8 steps, the settings it was trained and evaluated at. The prompts are every
 caption of its world at seeds training never used (shapes.evaluation_prompts). Everything runs in
-this one process through the runtime's own code: options.apply_features (a job's
+this one process through the runtime's own code: features.apply_features (a job's
 generation.cache) and pipeline.render_checked (the call every rank makes), one image per call.
 
 Rounds interleave the settings (none, A, B, ..., none, then again), so drift in the machine's
 load hits them alike; each round's ratio is against the mean of that round's two uncached runs.
 Two speed ratios: wall time, and this process's CPU time (with one thread, the work done: much
 less sensitive to what else runs on a shared machine). The quality columns compare each image
-with the uncached image of the same prompt and seed (model/quality.py: PSNR over the 8-bit
+with the uncached image of the same prompt and seed (step_cache/quality.py: PSNR over the 8-bit
 pixels, SSIM on luminance with a Gaussian window); adherence is the share of images whose shape,
 colour and background read back as the prompt asked, and "same as none" the share that read
 back exactly as the uncached image did.
@@ -30,7 +30,7 @@ nothing.
 really ran, per denoising step (100 % = never skipped).
 
 MagCache runs with diffusers' published FLUX.1-dev ratios and with ratios calibrated for this
-model: the job's way (options.calibrate, model/mag_calibration.py) on the first prompt, once
+model: the job's way (options.calibrate, step_cache/calibration.py) on the first prompt, once
 before the rounds, then passed to each round as options.ratios (what a later job reuses), so the
 calibration render is not timed.
 
@@ -180,7 +180,8 @@ def render_all(pipe: Any, runtime: Any) -> tuple[float, float, list[Any]]:
 def measure_quality(setting: Setting, prompts: list[tuple[str, int]], reference: list[Any],
                     images: list[Any]) -> None:
     import numpy as np
-    from muralist_runtime.model import quality, shapes
+    from muralist_runtime.model import shapes
+    from muralist_runtime.step_cache import quality
 
     setting.psnr, setting.ssim, setting.adheres, setting.same = [], [], [], []
     for (text, _), ref, got in zip(prompts, reference, images, strict=True):
@@ -192,12 +193,12 @@ def measure_quality(setting: Setting, prompts: list[tuple[str, int]], reference:
 
 def run_setting(pipe: Any, setting: Setting, prompts: list[tuple[str, int]], counters: Counters) -> tuple[
         float, float, list[Any]]:
-    from muralist_runtime.model import options
+    from muralist_runtime.model import features
 
     runtime = runtime_spec(prompts, setting.kind, setting.options)
     undo = None
     if setting.kind:
-        options.apply_features(pipe, runtime)
+        features.apply_features(pipe, runtime)
     elif not setting.baseline:
         undo = break_later_steps(pipe.transformer, STEPS, zeroed=setting.label == ZEROED)
     counters.reset()
@@ -213,17 +214,18 @@ def run_setting(pipe: Any, setting: Setting, prompts: list[tuple[str, int]], cou
 def calibrate_once(pipe: Any, prompts: list[tuple[str, int]], settings: list[Setting]) -> list[float] | None:
     """Settings that ask MagCache to calibrate get the ratios the job's way, measured once on the
     first prompt, as options.ratios; the ratios, or None when no setting asks."""
-    from muralist_runtime.model import mag_calibration, options
+    from muralist_runtime.model import features, pipeline
+    from muralist_runtime.step_cache import calibration
     from muralist_runtime.work import rows
 
     asking = [s for s in settings if s.options.get("calibrate")]
     if not asking:
         return None
     runtime = runtime_spec(prompts[:1], "MagCache", {"calibrate": True})
-    options.apply_features(pipe, runtime)
+    features.apply_features(pipe, runtime)
     source = rows.open_rows(runtime)
     first = rows.items_of(source.rows(0, 1), runtime.spec.generation)[0]
-    ratios: list[float] = mag_calibration.calibrate(pipe, runtime, first)["ratios"]
+    ratios: list[float] = calibration.calibrate(pipe, runtime, first, pipeline.render)["ratios"]
     pipe.transformer.disable_cache()
     for setting in asking:
         setting.options = {**{k: v for k, v in setting.options.items() if k != "calibrate"}, "ratios": ratios}

@@ -193,14 +193,14 @@ def render_in_process(job: dict[str, Any], model: Path, inputs: Path | None = No
     """The job's outputs rendered by the runtime's own functions in this process, one thread,
     no torchrun: {key: layouts.RenderedOutput or the reason it failed}. What 'one process' renders."""
     import torch
-    from muralist_runtime.model import options, pipeline
+    from muralist_runtime.model import features, pipeline
     from muralist_runtime.work import rows
 
     torch.set_num_threads(1)  # like every spawned rank (OMP_NUM_THREADS=1)
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused",
                                           "inputsDir": str(inputs) if inputs else None})
     pipe = pipeline.load_pipeline(runtime, str(model), None)
-    options.apply_features(pipe, runtime)
+    features.apply_features(pipe, runtime)
     source = rows.open_rows(runtime)
     items = rows.items_of(source.rows(0, source.count()), runtime.spec.generation)
     out = {}

@@ -12,8 +12,10 @@ from muralist_api.contract import PermanentFailure
 from muralist_api.items import row_items
 from muralist_api.options import Adapter, SchedulerSpec
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_api.step_cache import CacheSpec
-from muralist_runtime.model import options, pipeline
+from muralist_api.step_cache import CACHES, CacheSpec
+from muralist_runtime.model import features, pipeline
+from muralist_runtime.step_cache import hooks
+from muralist_runtime.step_cache.config import cache_config
 
 from .conftest import make_job
 
@@ -49,15 +51,15 @@ def flux(tiny_model: Path) -> tuple[Any, RuntimeSpec]:
 def test_scale_zero_gives_back_the_base_output_and_fusing_keeps_it(tiny_model: Path, tiny_lora: Path) -> None:
     pipe, spec = load(tiny_model)
     base = pixels(pipe, spec)
-    options.load_adapters(pipe, [Adapter(name=str(tiny_lora), scale=1.0)], fuse=False)
+    features.load_adapters(pipe, [Adapter(name=str(tiny_lora), scale=1.0)], fuse=False)
     with_lora = pixels(pipe, spec)
     assert np.abs(with_lora - base).max() > 20
-    pipe.set_adapters([options.adapter_name(0)], adapter_weights=[0.0])
+    pipe.set_adapters([features.adapter_name(0)], adapter_weights=[0.0])
     assert np.array_equal(pixels(pipe, spec), base)
 
     fused, _ = load(tiny_model)
     # A file path works as well as its folder; two adapters get two names.
-    line = options.load_adapters(fused, [Adapter(name=str(tiny_lora / "pytorch_lora_weights.safetensors"), scale=0.5),
+    line = features.load_adapters(fused, [Adapter(name=str(tiny_lora / "pytorch_lora_weights.safetensors"), scale=0.5),
                                           Adapter(name=str(tiny_lora), scale=0.5)], fuse=True)
     assert line.startswith("LoRA adapters fused: ") and fused.get_list_adapters() == {}, "fused, then unloaded"
     assert np.abs(pixels(fused, spec) - with_lora).max() <= 1
@@ -71,7 +73,7 @@ def test_an_adapter_that_does_not_fit_fails_permanently_by_name(flux, tiny_lora:
     other = tmp_path / "other.safetensors"
     save_file({k.replace(".attn.", ".attn1."): v for k, v in weights.items()}, other, metadata={"format": "pt"})
     with pytest.raises(PermanentFailure) as e:
-        options.load_adapters(pipe, [Adapter(name=str(tiny_lora)), Adapter(name=str(other))], fuse=False)
+        features.load_adapters(pipe, [Adapter(name=str(tiny_lora)), Adapter(name=str(other))], fuse=False)
     assert e.value.field == "spec.model.adapters[1]"
     assert str(e.value).startswith(f"spec.model.adapters[1]: LoRA '{other}' does not fit FluxPipeline: "
                                    "NoMatchingPeftModuleError: Target modules")
@@ -88,7 +90,7 @@ def test_missing_or_invalid_adapter_files(flux, tmp_path: Path, name: str, weigh
     if weights is not None:
         save_file({k: torch.tensor(v) for k, v in weights.items()}, tmp_path / name)
     with pytest.raises(PermanentFailure, match=why) as e:
-        options.load_adapters(flux[0], [Adapter(name=str(tmp_path / name))], fuse=False)
+        features.load_adapters(flux[0], [Adapter(name=str(tmp_path / name))], fuse=False)
     assert e.value.field == "spec.model.adapters[0]"
 
 
@@ -98,7 +100,7 @@ def test_missing_or_invalid_adapter_files(flux, tmp_path: Path, name: str, weigh
 def test_scheduler_from_the_pipelines_config(flux) -> None:
     pipe, _ = flux
     shift = pipe.scheduler.config.shift
-    options.set_scheduler(pipe, SchedulerSpec(name="FlowMatchEulerDiscreteScheduler", config={"shift": 2.0}))
+    features.set_scheduler(pipe, SchedulerSpec(name="FlowMatchEulerDiscreteScheduler", config={"shift": 2.0}))
     assert pipe.scheduler.config.shift == 2.0 != shift
     assert pipe.scheduler.config.num_train_timesteps == 1000, "the rest of the config is the pipeline's"
 
@@ -117,7 +119,7 @@ def test_scheduler_refusals_name_the_field(flux, name: str, config: dict, field:
     pipe, _ = flux
     before = pipe.scheduler
     with pytest.raises(PermanentFailure) as e:
-        options.set_scheduler(pipe, SchedulerSpec(name=name, config=config))
+        features.set_scheduler(pipe, SchedulerSpec(name=name, config=config))
     assert e.value.field == field and why in str(e.value), str(e.value)
     assert pipe.scheduler is before
 
@@ -132,7 +134,7 @@ def test_a_scheduler_check_that_cannot_read_the_pipeline_says_so(caplog: pytest.
     class Scheduler:
         def set_timesteps(self, num_inference_steps: int) -> None: ...
 
-    options._check_timesteps(pipe, Scheduler(), "EulerDiscreteScheduler")
+    features._check_timesteps(pipe, Scheduler(), "EulerDiscreteScheduler")
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warning.startswith("spec.generation.scheduler.name: cannot read OpaquePipeline.__call__'s source ("), warning
     assert warning.endswith("not checking that EulerDiscreteScheduler takes the sigmas or mu it may pass")
@@ -140,7 +142,7 @@ def test_a_scheduler_check_that_cannot_read_the_pipeline_says_so(caplog: pytest.
 
 def test_wan_takes_a_multistep_scheduler(tiny_wan: Path) -> None:
     pipe, _ = load(tiny_wan, wan_job())
-    options.set_scheduler(pipe, SchedulerSpec(name="UniPCMultistepScheduler",
+    features.set_scheduler(pipe, SchedulerSpec(name="UniPCMultistepScheduler",
                                                config={"prediction_type": "flow_prediction", "use_flow_sigmas": True,
                                                        "flow_shift": 3.0}))
     assert type(pipe.scheduler).__name__ == "UniPCMultistepScheduler"
@@ -160,17 +162,17 @@ def test_every_cache_runs_on_flux_and_renders_the_same_twice(tiny_model: Path, k
                                                             cache_options: dict) -> None:
     job = make_job().generation(steps=6).obj()
     pipe, spec = load(tiny_model, job)
-    options.enable_cache(pipe, CacheSpec(type=kind, options=cache_options), steps=6)
-    assert type(pipe.transformer._cache_config).__name__ == options.CACHES[kind].config
+    hooks.enable_cache(pipe, CacheSpec(type=kind, options=cache_options), steps=6)
+    assert type(pipe.transformer._cache_config).__name__ == CACHES[kind].config
     first = pixels(pipe, spec)
     assert np.array_equal(first, pixels(pipe, spec)), "the cache state is reset between calls"
 
 
 def test_cache_options_reach_the_config(flux) -> None:
     pipe, _ = flux
-    config = options.cache_config(pipe, CacheSpec(type="TaylorSeer", options={"cacheInterval": 3, "maxOrder": 2}), 28)
+    config = cache_config(pipe, CacheSpec(type="TaylorSeer", options={"cacheInterval": 3, "maxOrder": 2}), 28)
     assert (config.cache_interval, config.max_order) == (3, 2)
-    mag = options.cache_config(pipe, CacheSpec(type="MagCache"), 8)
+    mag = cache_config(pipe, CacheSpec(type="MagCache"), 8)
     assert mag.num_inference_steps == 8 and len(mag.mag_ratios) == 8, "FLUX_MAG_RATIOS, interpolated to the steps"
 
 
@@ -178,11 +180,11 @@ def test_magcache_needs_ratios_for_the_model(tiny_wan: Path) -> None:
     pipe, _ = load(tiny_wan, wan_job())
     with pytest.raises(PermanentFailure, match="MagCache needs magnitude ratios calibrated for this model "
                                                r"\(WanTransformer3DModel\).*calibrate: true") as e:
-        options.enable_cache(pipe, CacheSpec(type="MagCache"), steps=4)
+        hooks.enable_cache(pipe, CacheSpec(type="MagCache"), steps=4)
     assert e.value.field == "spec.generation.cache.options"
-    given = options.cache_config(pipe, CacheSpec(type="MagCache", options={"ratios": [1.0, 0.9]}), 4)
+    given = cache_config(pipe, CacheSpec(type="MagCache", options={"ratios": [1.0, 0.9]}), 4)
     assert given.mag_ratios.tolist() == pytest.approx([1.0, 1.0, 0.9, 0.9]), "given ratios, interpolated to the steps"
-    assert options.cache_config(pipe, CacheSpec(type="MagCache", options={"calibrate": True}), 4).calibrate
+    assert cache_config(pipe, CacheSpec(type="MagCache", options={"calibrate": True}), 4).calibrate
 
 
 @pytest.mark.parametrize(("kind", "works"), [("TaylorSeer", False), ("FirstBlockCache", True),
@@ -191,10 +193,10 @@ def test_a_cache_that_would_hook_nothing_is_refused(tiny_wan: Path, kind: str, w
     # TaylorSeer's default patterns ('^blocks.*attn', full match) miss Wan's blocks.N.attn1.
     pipe, _ = load(tiny_wan, wan_job())
     if works:
-        assert options.enable_cache(pipe, CacheSpec(type=kind), steps=4).startswith(f"step cache {kind} on Wan")
+        assert hooks.enable_cache(pipe, CacheSpec(type=kind), steps=4).startswith(f"step cache {kind} on Wan")
         return
     with pytest.raises(PermanentFailure, match=f"{kind} finds no module to cache in WanTransformer3DModel") as e:
-        options.enable_cache(pipe, CacheSpec(type=kind), steps=4)
+        hooks.enable_cache(pipe, CacheSpec(type=kind), steps=4)
     assert e.value.field == "spec.generation.cache.type" and not pipe.transformer.is_cache_enabled
 
 
@@ -203,5 +205,5 @@ def test_a_transformer_without_cache_hooks_is_refused() -> None:
         transformer = object()
 
     with pytest.raises(PermanentFailure) as e:
-        options.enable_cache(Plain(), CacheSpec(type="TaylorSeer"), steps=4)
+        hooks.enable_cache(Plain(), CacheSpec(type="TaylorSeer"), steps=4)
     assert e.value.field == "spec.generation.cache" and "object takes no step cache" in str(e.value)

@@ -30,7 +30,7 @@ from muralist_api.contract import PermanentFailure
 from muralist_api.job import Generation
 from muralist_api.options import Adapter
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime.model import hub, options, pipeline, preflight, staging
+from muralist_runtime.model import features, hub, pipeline, preflight, staging
 
 from tests.hub_server import HubServer
 
@@ -163,7 +163,7 @@ def test_staging_and_loading_name_the_same_fields(repo: Repos, hf_cache: Path, t
 def test_a_hub_adapter_loads_at_its_revision_and_each_refusal_names_its_field(repo: Repos, hf_cache: Path,
                                                                               tiny_model: Path) -> None:
     pipe = pipeline.load_pipeline(runtime({"name": MODEL}), str(tiny_model), None)
-    line = options.load_adapters(pipe, [Adapter(name=LORA, weight_name=LORA_FILE, revision="v1")], fuse=False)
+    line = features.load_adapters(pipe, [Adapter(name=LORA, weight_name=LORA_FILE, revision="v1")], fuse=False)
     assert line == f"LoRA adapters: {LORA} x1"
     fetched = [r for r in repo.server.seen(LORA) if r.kind == "resolve"]
     assert fetched and {(r.revision, r.file) for r in fetched} <= {("v1", LORA_FILE), (repo.lora_v1_sha, LORA_FILE)}
@@ -174,13 +174,13 @@ def test_a_hub_adapter_loads_at_its_revision_and_each_refusal_names_its_field(re
              (Adapter(name=NO_SUCH_REPO, weight_name=LORA_FILE), "name", "is no repo on the hub")]
     for adapter, field, words in cases:
         with pytest.raises(PermanentFailure) as e:
-            options.load_adapters(pipe, [adapter], fuse=False)
+            features.load_adapters(pipe, [adapter], fuse=False)
         assert (e.value.field, words in str(e.value)) == (f"spec.model.adapters[0].{field}", True), str(e.value)
     # A download that keeps failing (main's file is not in the cache yet) is the network's fault,
     # not the adapter's: retried with the pod.
     repo.server.drop(count=100, after_bytes=0)
     with pytest.raises(Exception) as e:
-        options.load_adapters(pipe, [Adapter(name=LORA, weight_name=LORA_FILE)], fuse=False)
+        features.load_adapters(pipe, [Adapter(name=LORA, weight_name=LORA_FILE)], fuse=False)
     assert not isinstance(e.value, PermanentFailure), e.value
     assert any(r.dropped for r in repo.server.seen(LORA))
 

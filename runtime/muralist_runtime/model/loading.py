@@ -15,8 +15,9 @@ from typing import Any
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
+from ..step_cache import calibration
 from ..world.distributed import DistributedWorld
-from . import canary, mag_calibration, options, pipeline, staging
+from . import canary, features, pipeline, staging
 from .strategies import ParallelStrategy, Plan
 
 log = logging.getLogger("muralist")
@@ -39,11 +40,11 @@ def load(runtime: RuntimeSpec, strategy: ParallelStrategy, plan: Plan, source: s
     strategy.check_model(pipe, plan)
     pipeline.check_call(pipe, spec)
     pipe = strategy.place(pipe, plan, world)
-    # Before the canary's reference and enable_parallelism (options.py says why).
-    options.apply_features(pipe, runtime)
-    if mag_calibration.wanted(runtime):
+    # Before the canary's reference and enable_parallelism (features.py says why).
+    features.apply_features(pipe, runtime)
+    if calibration.wanted(runtime):
         calibrated = time.perf_counter()
-        found = mag_calibration.calibrate(pipe, runtime, first)
+        found = calibration.calibrate(pipe, runtime, first, pipeline.render)
         timings["calibrateSeconds"] = time.perf_counter() - calibrated
         if learned is not None:
             learned["cacheCalibration"] = found

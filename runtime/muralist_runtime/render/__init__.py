@@ -1,2 +1,3 @@
 """The claim/render loop of a pod's run: claim chunks until none is left; render and write their items
-(claim_loop), whose failure an exception is (failures), the step cache's quality gate (cache_gate)."""
+(claim_loop), and whose failure an exception is (failures). The step cache's quality gate it runs is the
+step cache's (the step_cache package's gate)."""

@@ -21,14 +21,14 @@ from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
 
 from ..model import pipeline
-from ..outputs import requests, writer
+from ..outputs import requests, storage, writer
 from ..outputs.layouts import RenderedOutput, chunk_counts, failed_entry, read_part, relisted, write_part
 from ..run_state import NotSetUp, RunPlan, RunState
+from ..step_cache.gate import CacheGate
 from ..testing import faults
 from ..work import chunks, item_failures, rows
 from ..world import drain
 from . import failures
-from .cache_gate import CacheGate
 
 log = logging.getLogger("muralist")
 # What a group's first rank shares instead of a chunk when the pod was told to stop.
@@ -108,7 +108,8 @@ def generate(job: RunPlan, pipe: Any, state: RunState) -> None:
             state.layout.write, stall_seconds=job.runtime.spec.parallelism.collective_timeout_seconds,
             where=state.jobfile.where)
     rendered = 0
-    gate = CacheGate.for_job(job.runtime, job.work.start, job.work.total_items)
+    gate = CacheGate.for_job(job.runtime, job.work.start, job.work.total_items,
+                             storage.at(Path(job.runtime.output_dir)), pipeline.render_checked)
     try:
         for chunk, sweeping in chunk_stream(job, state):
             if gate is not None:

@@ -1,5 +1,6 @@
 """diffusers features a job asks for, applied to the loaded pipeline: LoRA adapters, another
-scheduler, a step cache (muralist_api/options.py has the API, muralist_api/step_cache.py the cache's).
+scheduler, a step cache (muralist_api/options.py has the API of the first two; the step cache is
+step_cache/'s, muralist_api/step_cache.py its API).
 
 `apply_features` runs after the pipeline is placed and before the consistency canary's
 reference and `enable_parallelism`: adapters (and their fusing) must change the base layers
@@ -16,16 +17,14 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from muralist_api.contract import PermanentFailure
 from muralist_api.options import Adapter, SchedulerSpec
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_api.step_cache import CACHES, CacheSpec
 
+from ..step_cache import hooks
 from . import hub
 
 log = logging.getLogger("muralist")
@@ -40,7 +39,7 @@ def apply_features(pipe: Any, runtime: RuntimeSpec) -> list[str]:
     if spec.generation.scheduler is not None:
         applied.append(set_scheduler(pipe, spec.generation.scheduler))
     if spec.generation.cache is not None:
-        applied.append(enable_cache(pipe, spec.generation.cache, spec.generation.steps))
+        applied.append(hooks.enable_cache(pipe, spec.generation.cache, spec.generation.steps))
     for line in applied:
         log.info("%s", line)
     return applied
@@ -164,94 +163,3 @@ def _check_timesteps(pipe: Any, scheduler: Any, name: str) -> None:
                                    "set_timesteps takes none; use a flow-matching scheduler (e.g. "
                                    "FlowMatchEulerDiscreteScheduler, or UniPCMultistepScheduler with "
                                    "use_flow_sigmas: true)")
-
-
-# -- step cache ----------------------------------------------------------------------------------
-
-CACHE_FIELD = "spec.generation.cache"
-# diffusers' published MagCache ratios (calibrated on FLUX.1-dev); any other model calibrates its
-# own (options.calibrate: model/mag_calibration.py) or is given them (options.ratios).
-MAG_RATIOS_FOR = {"FluxTransformer2DModel": "FLUX_MAG_RATIOS"}
-
-
-def cache_config(pipe: Any, cache: CacheSpec, steps: int, ratios: list[float] | None = None) -> Any:
-    """The diffusers config object of a cache, from its camelCase options (muralist_api/rules/workloads.CACHES).
-
-    MagCache takes its magnitude ratios from `ratios` (just calibrated), else from options.ratios,
-    else calibrates (options.calibrate: a config that never skips, for mag_calibration.py), else
-    diffusers' published ones for the transformer; diffusers interpolates them to `steps`.
-    """
-    import diffusers.hooks as hooks
-
-    kind = CACHES[cache.type]
-    kwargs: dict[str, Any] = {kind.options[k][0]: v for k, v in cache.options.items() if k in kind.options}
-    transformer = type(pipe.transformer).__name__
-    if cache.type == "MagCache":
-        kwargs["num_inference_steps"] = steps
-        if ratios is not None:
-            kwargs.update(mag_ratios=ratios, calibrate=False)
-        elif not kwargs.get("calibrate") and "mag_ratios" not in kwargs:
-            published = MAG_RATIOS_FOR.get(transformer)
-            if published is None:
-                raise PermanentFailure(f"{CACHE_FIELD}.options",
-                                       f"MagCache needs magnitude ratios calibrated for this model ({transformer}); "
-                                       f"diffusers publishes them for {', '.join(MAG_RATIOS_FOR)} only: set "
-                                       "calibrate: true (the job calibrates on its first item and records the ratios "
-                                       "in job.json), or ratios: [...] from such a job")
-            from diffusers.hooks import mag_cache
-
-            kwargs["mag_ratios"] = getattr(mag_cache, published)
-    if cache.type in ("FasterCache", "PyramidAttentionBroadcast"):
-        kwargs["current_timestep_callback"] = lambda: pipe.current_timestep
-    if cache.type == "FasterCache":
-        # Its unconditional-branch skipping needs a pipeline that batches the unconditional
-        # and conditional inputs together; Flux and Wan in diffusers run them as separate calls
-        # (IndexError at the first step without this).
-        kwargs.setdefault("is_guidance_distilled", True)
-    try:
-        return getattr(hooks, kind.config)(**kwargs)
-    except (ValueError, TypeError) as e:
-        raise PermanentFailure(f"{CACHE_FIELD}.options", f"{cache.type}: {e}".splitlines()[0]) from None
-
-
-def _hook_count(module: Any) -> int:
-    """diffusers hooks registered anywhere in a module (HookRegistry per submodule)."""
-    return sum(len(getattr(getattr(m, "_diffusers_hook", None), "hooks", None) or {}) for m in module.modules())
-
-
-def enable_cache(pipe: Any, cache: CacheSpec, steps: int) -> str:
-    transformer = getattr(pipe, "transformer", None)
-    if transformer is None or not hasattr(transformer, "enable_cache"):
-        what = type(transformer).__name__ if transformer is not None else f"{type(pipe).__name__} (no transformer)"
-        raise PermanentFailure(CACHE_FIELD, f"{what} takes no step cache (diffusers' cache hooks need a transformer "
-                               "with enable_cache); remove generation.cache")
-    config = cache_config(pipe, cache, steps)
-    before = _hook_count(transformer)
-    try:
-        transformer.enable_cache(config)
-    except (ValueError, TypeError) as e:
-        raise PermanentFailure(CACHE_FIELD, f"{type(transformer).__name__} refuses {cache.type}: {e}"
-                               .splitlines()[0]) from None
-    if _hook_count(transformer) == before:
-        # diffusers matches module names against its own patterns and says nothing when none
-        # matches: TaylorSeer's '^blocks.*attn' misses Wan's blocks.N.attn1 / attn2.
-        transformer.disable_cache()
-        others = ", ".join(k for k in CACHES if k != cache.type)
-        raise PermanentFailure(f"{CACHE_FIELD}.type", f"{cache.type} finds no module to cache in "
-                               f"{type(transformer).__name__} (diffusers' module patterns for it match none of its "
-                               f"blocks), so it would change nothing; use another cache ({others})")
-    return f"step cache {cache.type} on {type(transformer).__name__}" + (
-        f" {dict(cache.options)}" if cache.options else "")
-
-
-@contextmanager
-def cache_paused(pipe: Any) -> Iterator[None]:
-    """The pipeline without its step cache for a while (the cache gate's reference renders), then
-    with the very config it had (calibrated ratios included), its hooks' state fresh."""
-    transformer = pipe.transformer
-    config = transformer._cache_config  # diffusers' CacheMixin keeps the enabled config here
-    transformer.disable_cache()
-    try:
-        yield
-    finally:
-        transformer.enable_cache(config)

@@ -2,9 +2,9 @@
 
 The job's first `sample` items (muralist_api.step_cache.CacheVerify.sample_count) are the sample:
 every rank knows them from the spec and the plan, without talking. When a group renders one
-with the cache, it renders it again without (same seed: options.cache_paused) and compares the
-two (model/quality.py: PSNR and SSIM on the 8-bit pixels). The measures go in the item's
-manifest row (outputs/cache_verdict.py); every rank of the group computes the same ones from
+with the cache, it renders it again without (same seed: hooks.cache_paused) and compares the
+two (quality.py: PSNR and SSIM on the 8-bit pixels). The measures go in the item's
+manifest row (verdict.py); every rank of the group computes the same ones from
 the same pixels, so a verdict ends or changes the group's run on all its ranks together.
 
 Below a threshold:
@@ -14,26 +14,40 @@ Below a threshold:
   rendered without it, `cache-off.json` in the job folder says why, and every group reads that
   before each chunk (so do retried pods). Items another group rendered before it read it keep
   the cache; their rows say so (`cache`), the others' do not.
+
+The claim loop (render/claim_loop.py) makes the gate with what it needs of the stages above the step
+cache: the render (model/call.py's `render_checked`) and the job folder's storage.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_api.step_cache import VERIFY_FIELD, CacheSample, CacheSpec, CacheVerify
 
-from ..model import options, pipeline, quality
-from ..model.pipeline import Checked, StepHook
-from ..outputs import cache_verdict
 from ..world.distributed import DistributedWorld
+from . import hooks, quality
+from .verdict import FolderFiles, read_off, row_measures, write_off
 
 log = logging.getLogger("muralist")
+
+# As model/call.py has them: an item's output and None, or None and why the item failed; the step hook.
+Checked = tuple[Any, str | None]
+StepHook = Callable[[], None]
+
+
+class RenderChecked(Protocol):
+    """model/call.py's `render_checked`: the items rendered as the pipeline is now, each checked."""
+
+    def __call__(self, pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item],
+                 on_step: StepHook | None = None) -> list[Checked]: ...
 
 
 @dataclass
@@ -44,17 +58,20 @@ class CacheGate:
     first_item: int  # the plan's first item number
     count: int  # items sampled, from the first on
     root: Path  # the job folder
+    files: FolderFiles  # its storage
+    render: RenderChecked
     off: dict[str, Any] | None = None  # the verdict that turned the cache off; None while it is on
     measured: list[tuple[float, float]] = field(default_factory=list)  # (psnr, ssim) of this rank's samples
 
     @classmethod
-    def for_job(cls, runtime: RuntimeSpec, first_row: int, total_items: int) -> CacheGate | None:
+    def for_job(cls, runtime: RuntimeSpec, first_row: int, total_items: int, files: FolderFiles,
+                render: RenderChecked) -> CacheGate | None:
         cache = runtime.spec.generation.cache
         if cache is None or cache.verify is None or total_items == 0:
             return None
         first = first_row * runtime.spec.generation.images_per_prompt
         return cls(runtime, cache, cache.verify, first, cache.verify.sample_count(total_items),
-                   Path(runtime.output_dir))
+                   Path(runtime.output_dir), files, render)
 
     def sampled(self, item: Item) -> bool:
         number = item.number(self.runtime.spec.generation.images_per_prompt) - self.first_item
@@ -65,7 +82,7 @@ class CacheGate:
         did; the group's first rank reads the folder, and its group follows it."""
         if self.off is not None:
             return
-        found = world.share_in_group(cache_verdict.read_off(self.root) if writes else None)
+        found = world.share_in_group(read_off(self.files, self.root) if writes else None)
         if found is not None:
             self._turn_off(pipe, found, "the job's")
 
@@ -84,8 +101,8 @@ class CacheGate:
 
     def _measure(self, pipe: Any, batch: list[Item], results: list[Checked], todo: list[int],
                  on_step: StepHook | None, writes: bool) -> list[Checked]:
-        with options.cache_paused(pipe):
-            plain = pipeline.render_checked(pipe, self.runtime, [batch[i] for i in todo], on_step=on_step)
+        with hooks.cache_paused(pipe):
+            plain = self.render(pipe, self.runtime, [batch[i] for i in todo], on_step=on_step)
         measured = []
         for index, (reference, _) in zip(todo, plain, strict=True):
             item, cached = batch[index], results[index][0]
@@ -94,7 +111,7 @@ class CacheGate:
             psnr = quality.psnr(reference.pixels(), cached.pixels())
             ssim = quality.ssim(reference.pixels(), cached.pixels())
             self.measured.append((psnr, ssim))
-            cached.metadata["cacheVerify"] = row = cache_verdict.row_measures(psnr, ssim)
+            cached.metadata["cacheVerify"] = row = row_measures(psnr, ssim)
             log.info("cache verify: item %s: PSNR %s, SSIM %.4f against the render without %s", item.key,
                      "inf (identical)" if row.get("identical") else f"{psnr:.2f} dB", ssim, self.cache.type)
             measured.append((index, reference, row, self._missed(psnr, ssim)))
@@ -114,7 +131,7 @@ class CacheGate:
                    "missed": name, "threshold": self.verify.thresholds()[name], **row,
                    "message": f"{said} against the render without {self.cache.type}"}
         if writes:
-            cache_verdict.write_off(self.root, verdict)
+            write_off(self.files, self.root, verdict)
         self._turn_off(pipe, verdict, "this group's")
         # From the failing item on, the sampled items go out as rendered without the cache (the
         # better images of the two), their rows keeping what the cached renders measured.

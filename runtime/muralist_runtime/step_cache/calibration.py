@@ -7,12 +7,15 @@ FLUX.1-dev only, and has a calibration mode (MagCacheConfig(calibrate=True)) tha
 measures the ratios of one render and prints them at its last step.
 
 With calibrate: true the job does that on its first item (the item the canary uses, its own
-seed) before rendering anything: options.apply_features enables MagCache in calibration mode,
+seed) before rendering anything: model/features.py enables MagCache in calibration mode,
 `calibrate` renders the item, takes the ratios from diffusers' tail hook at its last step, and
 enables MagCache again with them (the job's threshold and skips). Every rank calibrates on
 the same item with the same seed, so every rank gets the same ratios without talking (on one
 kind of device). job.json records them (`cacheCalibration`), so that later jobs of the model
 can pass them as options.ratios and skip the calibration.
+
+The render is the model's (model/call.py's `render`), passed in by model/loading.py: the step cache
+sits below the stages that use it.
 """
 
 from __future__ import annotations
@@ -20,16 +23,19 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
-from .options import CACHE_FIELD, cache_config
-from .pipeline import render
+from .config import CACHE_FIELD, cache_config
 
 log = logging.getLogger("muralist")
+
+# model/call.py's render: (pipe, runtime, items) -> each item's output, or None where it failed.
+Render = Callable[[Any, RuntimeSpec, Sequence[Item]], list[Any]]
 
 
 def wanted(runtime: RuntimeSpec) -> bool:
@@ -49,7 +55,7 @@ def _tail_hook(transformer: Any) -> Any:
     return None
 
 
-def calibrate(pipe: Any, runtime: RuntimeSpec, item: Item) -> dict[str, Any]:
+def calibrate(pipe: Any, runtime: RuntimeSpec, item: Item, render: Render) -> dict[str, Any]:
     """Measure the ratios on `item`, re-enable MagCache with them; job.json's `cacheCalibration`."""
     cache = runtime.spec.generation.cache
     assert cache is not None and wanted(runtime)

@@ -1,4 +1,4 @@
-"""PSNR and SSIM (model/quality.py) on images whose answer is known in closed form."""
+"""PSNR and SSIM (step_cache/quality.py) on images whose answer is known in closed form."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from muralist_runtime.model import quality
+from muralist_runtime.step_cache import quality
 
 
 def _noisy(level: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""What the cache gate (generation.cache.verify, render/cache_gate.py) leaves in the job folder.
+"""What the cache gate (generation.cache.verify, gate.py) leaves in the job folder.
 
 - Each sampled item's manifest row carries `cacheVerify`: {psnr, ssim} against its render
   without the cache (psnr null and `identical: true` when the two are the same pixels).
@@ -7,6 +7,9 @@
   chunk and turns its cache off too, and a retried pod starts without the cache: the folder,
   which every pod shares, is how the verdict reaches the groups that did not measure it.
 - job.json's `cacheVerify`: the summary of the rows, written at the merge (`summarise`).
+
+cache-off.json is read and written through the job folder's storage (outputs/storage.py: a volume or
+a bucket), which the gate and the merge pass in: the step cache sits below the outputs.
 """
 
 from __future__ import annotations
@@ -15,24 +18,34 @@ import json
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from . import storage
-from .writer import atomic_write_text
+from muralist_api.contract.output_folder import CACHE_OFF_FILE
 
-CACHE_OFF = "cache-off.json"
 ROW_FIELD = "cacheVerify"
 
 
-def write_off(root: Path, verdict: dict[str, Any]) -> None:
-    atomic_write_text(root / CACHE_OFF, json.dumps(verdict, indent=2) + "\n")
+class FolderFiles(Protocol):
+    """What the verdict needs of the job folder's storage (outputs/storage.py's `Storage`)."""
+
+    def read_bytes(self, path: Path) -> bytes:
+        """The file's bytes; FileNotFoundError when there is none."""
+        ...
+
+    def write(self, final: Path, data: bytes) -> None:
+        """`data` as the whole file `final`, never seen partial."""
+        ...
 
 
-def read_off(root: Path) -> dict[str, Any] | None:
+def write_off(files: FolderFiles, root: Path, verdict: dict[str, Any]) -> None:
+    files.write(root / CACHE_OFF_FILE, (json.dumps(verdict, indent=2) + "\n").encode())
+
+
+def read_off(files: FolderFiles, root: Path) -> dict[str, Any] | None:
     """The verdict that turned the cache off for this job, or None while it is on."""
     try:
-        path = root / CACHE_OFF
-        found = json.loads(storage.at(path).read_bytes(path))  # the volume's file, or the bucket's object
+        path = root / CACHE_OFF_FILE
+        found = json.loads(files.read_bytes(path))  # the volume's file, or the bucket's object
     except (OSError, ValueError):
         return None
     return found if isinstance(found, dict) else None

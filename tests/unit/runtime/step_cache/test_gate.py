@@ -8,9 +8,10 @@ from typing import Any
 
 from muralist_api.items import row_items
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime.outputs import cache_verdict
+from muralist_runtime.outputs import storage
 from muralist_runtime.outputs.layouts import RenderedOutput
-from muralist_runtime.render.cache_gate import CacheGate
+from muralist_runtime.step_cache import verdict as cache_verdict
+from muralist_runtime.step_cache.gate import CacheGate
 
 from tests.builders import make_job
 
@@ -35,11 +36,15 @@ class World:
         return value
 
 
+def not_rendered(*_args: Any, **_kwargs: Any) -> list[Any]:
+    raise AssertionError("these tests render nothing")
+
+
 def gate(tmp_path: Path, sample: int | str, prompts: int = 10, images: int = 2) -> CacheGate:
     job = make_job().prompts(*(f"p{i}" for i in range(prompts))).generation(
         imagesPerPrompt=images, cache={"type": "FirstBlockCache", "verify": {"sample": sample, "minPsnr": 30}})
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job.obj()["spec"], "outputDir": str(tmp_path)})
-    found = CacheGate.for_job(runtime, 0, prompts * images)
+    found = CacheGate.for_job(runtime, 0, prompts * images, storage.at(tmp_path), not_rendered)
     assert found is not None
     return found
 
@@ -56,7 +61,7 @@ def test_a_verdict_in_the_folder_turns_the_cache_off_before_the_next_chunk(tmp_p
     first.follow(pipe, World(), writes=True)
     assert first.off is None and pipe.transformer.disabled == 0, "no verdict yet"
     verdict = {"item": "00000-000", "missed": "minPsnr", "threshold": 30, "psnr": 21.5, "ssim": 0.9}
-    cache_verdict.write_off(tmp_path, verdict)
+    cache_verdict.write_off(storage.at(tmp_path), tmp_path, verdict)
     first.follow(pipe, World(), writes=True)
     assert first.off == verdict and pipe.transformer.disabled == 1
     first.follow(pipe, World(), writes=True)
@@ -69,7 +74,7 @@ def test_a_verdict_in_the_folder_turns_the_cache_off_before_the_next_chunk(tmp_p
 
 
 def test_a_retried_pod_starts_without_the_cache(tmp_path: Path) -> None:
-    cache_verdict.write_off(tmp_path, {"item": "00000-000", "missed": "minSsim"})
+    cache_verdict.write_off(storage.at(tmp_path), tmp_path, {"item": "00000-000", "missed": "minSsim"})
     retried, pipe = gate(tmp_path, 1), Pipe()
     retried.follow(pipe, World(), writes=True)
     assert retried.off is not None and pipe.transformer.disabled == 1
