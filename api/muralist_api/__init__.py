@@ -13,8 +13,11 @@ images install it and the operator needs nothing else of the runtime:
 - `contract/`: what crosses between the images: the pod contract (launcher command,
   environment, paths: `pod`; the runtime's one typed view of that environment: `env`; exit
   codes, termination message: `termination`), the progress wire (`progress`), the image counts
-  both carry (`counts`), the resume digest (`resume`), the output folder's versions
-  (`output_format`) and which versions of Muralist work together (`versions`);
+  both carry (`counts`), the output folder's names and its job file (`output_folder`), the resume
+  digest (`resume`), the output folder's versions (`output_format`) and which versions of Muralist
+  work together (`versions`);
+- `storage`: where a job's data lives (a volume or a URI) and `open_location`, the one opener of
+  object storage (the runtime's data sets, inputs and outputs, the client's results);
 - `runtime_spec`: the runtime spec the operator hands to the pods;
 - `items`: work items and their seeds;
 - `manifests`: reading manifest files.

@@ -8,6 +8,8 @@ One module per contract:
 - `termination`: exit codes, the permanent-failure verdict and the termination message;
 - `progress`: the progress wire (the report a pod posts, its endpoint, token and interval);
 - `counts`: the image counts both carry;
+- `output_folder`: the output folder's names and patterns, and its job file (`JobRecord`): what the
+  runtime writes and the client reads;
 - `resume`: the resume digest; `output_format`: the output folder's versions;
 - `versions`: the skew policy (which versions work together) and how each part reads what a
   newer one wrote.

@@ -29,7 +29,8 @@ One concept per module:
 - `readers`: one file read forward (JSON Lines and text, CSV, Parquet, saved datasets);
 - `fields`: `Columns`, `Row`, and parsing and validating each row's values;
 - `errors`: `SourceError`, `MissingColumn`;
-- `location`: `RemotePath`, a source in object storage (spec.dataset.uri) read by range through fsspec.
+- `location`: `RemotePath`, a source in object storage (spec.dataset.uri) read by range (opened by
+  muralist_api.storage.open_location).
 
 The names callers need are re-exported here.
 """

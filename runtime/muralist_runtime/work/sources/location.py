@@ -1,4 +1,5 @@
-"""A source in object storage (spec.dataset.uri), read by range through fsspec.
+"""A source in object storage (spec.dataset.uri), read by range through fsspec (opened by
+muralist_api.storage.open_location, with spec.dataset.endpoint).
 
 `RemotePath` is the few parts of `pathlib.Path` that `detect` and the readers use (name, suffix,
 stem, `/`, exists, is_dir, iterdir, open), over an fsspec file system, so one code path reads a
