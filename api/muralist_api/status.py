@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from muralist_api.base import ApiModel
+from muralist_api.contract.output_folder import JOB_FILE
 from muralist_api.step_cache import CacheVerifyStatus
 
 
@@ -94,5 +95,5 @@ class DiffusionJobStatus(ApiModel):
         "", description="Where the images are, inside the output volume (or under spec.output.uri).")
     message: str = Field("", description="Why the job is in its phase.")
     cache_verify: CacheVerifyStatus | None = Field(
-        None, description="What generation.cache.verify measured, from the pods that finished (job.json has every "
+        None, description=f"What generation.cache.verify measured, from the pods that finished ({JOB_FILE} has every "
         "sampled item's figures); a job that failed it says why in message.")

@@ -25,6 +25,7 @@ from pydantic import Field, field_validator, model_validator
 
 from muralist_api.base import ApiModel, KubeObject, shown
 from muralist_api.cel import CelRule, python_rule
+from muralist_api.contract.output_folder import JOB_FILE
 from muralist_api.rules.catalog import Problem
 
 # -- the catalog ---------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ CACHES: dict[str, CacheKind] = {
         "cacheInterval": ("cache_interval", int), "disableCacheBeforeStep": ("disable_cache_before_step", int),
         "disableCacheAfterStep": ("disable_cache_after_step", int), "maxOrder": ("max_order", int)}),
     # ratios: calibrated magnitude ratios (one per step, interpolated to the job's steps), e.g.
-    # the `cacheCalibration.ratios` a calibrating job wrote to job.json; calibrate: measure them
+    # the `cacheCalibration.ratios` a calibrating job wrote to its job file; calibrate: measure them
     # on the job's first item first (the runtime does, every rank alike).
     "MagCache": CacheKind(
         "MagCacheConfig", {"threshold": ("threshold", float), "maxSkipSteps": ("max_skip_steps", int),
@@ -145,7 +146,7 @@ class CacheVerify(ApiModel):
     on_fail: Literal["Fail", "DisableCache"] = Field(
         "Fail",
         description="Fail: a sampled item below a threshold fails the job (permanently: the setting, not the "
-        "pod, is wrong). DisableCache: the cache is turned off for the rest of the job (job.json says from "
+        f"pod, is wrong). DisableCache: the cache is turned off for the rest of the job ({JOB_FILE} says from "
         "which item), and the sampled item is written as rendered without it.",
     )
 
@@ -191,14 +192,14 @@ class CacheSpec(ApiModel):
         default_factory=dict,
         description="The cache's knobs in camelCase, e.g. {threshold: 0.1} (FirstBlockCache, MagCache), "
         "{calibrate: true} or {ratios: [...]} (MagCache on a model other than FLUX.1: ratios measured on the "
-        "job's first item and recorded in job.json, or given from such a job), "
+        f"job's first item and recorded in {JOB_FILE}, or given from such a job), "
         "{cacheInterval: 4, disableCacheBeforeStep: 2} (TaylorSeer), {spatialAttentionBlockSkipRange: 2} "
         "(FasterCache, PyramidAttentionBroadcast); `kubectl explain` lists the types, the docs (tasks/caches.md) "
         "the knobs.",
     )
     verify: CacheVerify | None = Field(
         None, description="Check what the cache costs: render a sample of the items also without it and compare "
-        "(PSNR, SSIM per sampled item in the manifest, their summary in job.json); with a threshold, fail the "
+        f"(PSNR, SSIM per sampled item in the manifest, their summary in {JOB_FILE}); with a threshold, fail the "
         "job or turn the cache off when it costs more than that.",
     )
 

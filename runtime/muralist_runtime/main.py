@@ -26,7 +26,7 @@ turns that into the pod's DRAINED_EXIT_CODE.
 Test-only failure injection: testing/faults.py.
 
 Timings: loadSeconds, verifySeconds, compileSeconds (model/loading.py) and generateSeconds go
-to the log, job.json and the termination message.
+to the log, the job file and the termination message.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def read_spec(path: str) -> RuntimeSpec:
 
 
 def peak_memory_mib() -> float:
-    """This process's peak resident memory (VmHWM), for job.json and the termination message."""
+    """This process's peak resident memory (VmHWM), for the job file and the termination message."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -132,7 +132,7 @@ def set_up_world(job: RunPlan, state: RunState) -> None:
 
 
 # 3. Load the pipeline (model/loading.py); what it learns of the model (a calibrated cache) goes to
-# job.json at the merge.
+# the job file at the merge.
 def load(job: RunPlan, state: RunState) -> Any:
     return loading.load(job.runtime, job.strategy, job.plan, job.source, job.revision, job.first, job.gpu,
                         state.world, state.timings, state.learned)

@@ -55,7 +55,7 @@ class RunState:
     """
 
     timings: dict[str, float] = field(default_factory=dict)
-    learned: dict[str, Any] = field(default_factory=dict)  # of the model, for job.json (a calibrated cache)
+    learned: dict[str, Any] = field(default_factory=dict)  # of the model, for the job file (a calibrated cache)
     started: float = field(default_factory=time.perf_counter)
     server: ClaimServer | None = None  # the first pod's first rank
     reporter: PodReporter | None = None  # each pod's first rank

@@ -11,7 +11,7 @@ seed) before rendering anything: model/features.py enables MagCache in calibrati
 `calibrate` renders the item, takes the ratios from diffusers' tail hook at its last step, and
 enables MagCache again with them (the job's threshold and skips). Every rank calibrates on
 the same item with the same seed, so every rank gets the same ratios without talking (on one
-kind of device). job.json records them (`cacheCalibration`), so that later jobs of the model
+kind of device). The job file records them (`cacheCalibration`), so that later jobs of the model
 can pass them as options.ratios and skip the calibration.
 
 The render is the model's (model/call.py's `render`), passed in by model/loading.py: the step cache
@@ -56,7 +56,7 @@ def _tail_hook(transformer: Any) -> Any:
 
 
 def calibrate(pipe: Any, runtime: RuntimeSpec, item: Item, render: Render) -> dict[str, Any]:
-    """Measure the ratios on `item`, re-enable MagCache with them; job.json's `cacheCalibration`."""
+    """Measure the ratios on `item`, re-enable MagCache with them; the job file's `cacheCalibration`."""
     cache = runtime.spec.generation.cache
     assert cache is not None and wanted(runtime)
     steps = runtime.spec.generation.steps

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from muralist_api.contract import PermanentFailure
+from muralist_api.contract.output_folder import JOB_FILE
 from muralist_api.step_cache import CACHES, CacheSpec
 
 CACHE_FIELD = "spec.generation.cache"
@@ -41,7 +42,7 @@ def cache_config(pipe: Any, cache: CacheSpec, steps: int, ratios: list[float] | 
                                        f"MagCache needs magnitude ratios calibrated for this model ({transformer}); "
                                        f"diffusers publishes them for {', '.join(MAG_RATIOS_FOR)} only: set "
                                        "calibrate: true (the job calibrates on its first item and records the ratios "
-                                       "in job.json), or ratios: [...] from such a job")
+                                       f"in {JOB_FILE}), or ratios: [...] from such a job")
             from diffusers.hooks import mag_cache
 
             kwargs["mag_ratios"] = getattr(mag_cache, published)

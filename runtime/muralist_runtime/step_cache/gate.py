@@ -156,7 +156,7 @@ class CacheGate:
                     self.cache.type, verdict.get("item"), verdict.get("message"))
 
     def sample(self) -> CacheSample | None:
-        """What this rank measured, for its rank file and the pod's termination message (job.json
+        """What this rank measured, for its rank file and the pod's termination message (the job file
         sums every rank's rows); None before it measured anything."""
         if not self.measured:
             return None

@@ -6,7 +6,7 @@
   which item, what it measured, which threshold it missed. Every group reads it before each
   chunk and turns its cache off too, and a retried pod starts without the cache: the folder,
   which every pod shares, is how the verdict reaches the groups that did not measure it.
-- job.json's `cacheVerify`: the summary of the rows, written at the merge (`summarise`).
+- the job file's `cacheVerify`: the summary of the rows, written at the merge (`summarise`).
 
 cache-off.json is read and written through the job folder's storage (outputs/storage.py: a volume or
 a bucket), which the gate and the merge pass in: the step cache sits below the outputs.
@@ -60,7 +60,7 @@ def row_measures(psnr: float, ssim: float) -> dict[str, Any]:
 
 def summarise(rows: Iterable[dict[str, Any]], thresholds: dict[str, float],
               off: dict[str, Any] | None) -> dict[str, Any]:
-    """job.json's `cacheVerify` from the sampled rows: how many, min and mean PSNR (over the rows
+    """The job file's `cacheVerify` from the sampled rows: how many, min and mean PSNR (over the rows
     that differ) and SSIM, the thresholds and the verdict: passed (every sampled item met the
     thresholds), measured (no threshold), cacheDisabled (`off`: from which item). A failed
     verdict never reaches the merge: it is the job's failure (status.message, exit 78)."""
