@@ -5,8 +5,9 @@ through the storage of that folder (`at(path)`) for the few things that differ:
 
 - `LocalStorage`: today's files. A file is written to a temp name and renamed into place
   (temps.py), so no reader sees a partial one.
-- `ObjectStorage` (spec.output.uri): the local folder is a staging area, and each path under it
-  stands for the object at the same place under the URI. An object's PUT is atomic, so a small file
+- `ObjectStorage` (spec.output.uri, opened by muralist_api.storage.open_location with spec.output.endpoint):
+  the local folder is a staging area, and each path under it stands for the object at the same place
+  under the URI. An object's PUT is atomic, so a small file
   is put whole (no temp, no rename: Mountpoint-like stores have none), and a streamed one (a shard,
   the index, the manifest) is written to a local temp as before and uploaded once complete.
   A killed writer leaves nothing in the bucket; its local temp goes with the pod.
