@@ -36,7 +36,7 @@ SWEEP_SECONDS = 1.0
 LATE_SECONDS = 0.25
 # Connections the server ended, by reason, are logged at most this often.
 CLOSED_LOG_SECONDS = 60.0
-# Freed memory is given back to the system once this many connections have closed (~40 KiB each
+# Freed memory is given back to the system once this many connections have closed (~20 KiB each
 # over TLS) since the most that were open at once, or, once the closing has stopped, this few: the
 # tail of a wave of closes, which would otherwise stay with the process until the next wave.
 TRIM_AFTER_CLOSED = 256
@@ -57,8 +57,8 @@ _MALLOC_TRIM = _malloc_trim()
 @dataclass(frozen=True)
 class Limits:
     """What all clients together may hold of the server. A connection costs ~4 KiB before its
-    TLS hello and ~40 KiB after its handshake (benchmarks/progress_flood.py), so the cap bounds a
-    flood to tens of MiB (all handshaken: ~160 MiB), and the timeouts to seconds. The defaults
+    TLS hello and ~20 KiB after its handshake (benchmarks/progress_flood.py), so the cap bounds a
+    flood to tens of MiB (all handshaken: ~80 MiB), and the timeouts to seconds. The defaults
     serve 1,024 posting pods (one kept-alive connection each) with room for four times that."""
 
     max_connections: int = 4096

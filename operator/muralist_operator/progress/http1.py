@@ -3,7 +3,8 @@
 Why not aiohttp.web: the endpoint has three routes and answers a few hundred bytes, yet with
 1,024 pods posting aiohttp's request, router and response objects cost more than the
 verification and aggregation they carry. Here a connection is an asyncio.Protocol that hands
-each complete request to one handler and writes its reply as one buffer; TLS stays asyncio's.
+each complete request to one handler and writes its reply as one buffer; TLS is the standard
+library's (tls_accept).
 Together with the coalescing loop (coalesce.py) this halved the CPU a post costs.
 
 What it keeps of a real server: keep-alive (HTTP/1.1 by default, 1.0 on request), replies in
@@ -30,7 +31,7 @@ from urllib.parse import unquote
 import httptools
 
 from muralist_operator.progress.connections import DEFAULT_LIMITS, SWEEP_SECONDS, ConnectionPhase, Connections, Limits
-from muralist_operator.progress.tls_accept import AwaitHello
+from muralist_operator.progress.tls_accept import LazyTls
 
 log = logging.getLogger("muralist.progress.http")
 
@@ -118,7 +119,7 @@ class HttpConnection(asyncio.Protocol):
         self._max_body = max_body
         # Made when the HTTP conversation starts, dropped when the socket goes: the parser and
         # this object refer to each other, and a cycle would keep the connection's TLS state
-        # (~40 KiB) alive until the garbage collector's next full pass.
+        # (~20 KiB) alive until the garbage collector's next full pass.
         self._parser: httptools.HttpRequestParser | None = None
         self._socket: asyncio.Transport | None = None  # the accepted socket's transport (under TLS)
         self._transport: asyncio.Transport | None = None  # what requests are read from, replies written to
@@ -313,7 +314,7 @@ async def serve(handler: Handler, sock: Any, ssl: Any, max_body: int, limits: Li
             return HttpConnection(handler, connections, max_body)
     else:
         def factory() -> asyncio.BaseProtocol:
-            return AwaitHello(HttpConnection(handler, connections, max_body), ssl, limits.handshake_timeout)
+            return LazyTls(HttpConnection(handler, connections, max_body), ssl)
     server = await loop.create_server(factory, sock=sock, backlog=backlog)
     every = min(SWEEP_SECONDS, limits.handshake_timeout / 4, limits.request_timeout / 4, limits.idle_timeout / 4)
 

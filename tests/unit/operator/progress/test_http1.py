@@ -1,5 +1,5 @@
 """The progress endpoint's HTTP/1.1 framing, and the connection limits it is served under, spoken
-to over raw sockets (plain TCP: TLS is asyncio's and is covered by test_server.py)."""
+to over raw sockets (plain TCP: TLS is tls_accept's, covered by test_tls_accept.py and test_server.py)."""
 
 from __future__ import annotations
 
