@@ -4,7 +4,9 @@ With `--peering`, replicas keep an entry each (priority, lifetime, last seen) in
 (Cluster)KopfPeering object, and kopf pauses a replica's watches while another live replica has
 a higher priority, or the same (kopf/_core/engines/peering.py, `process_peering_event`). kopf
 does not expose that pause, and the operator's own threads (the clock, the progress endpoint)
-must honour it too: `Peering` reads the object now and then and applies the same rule.
+must honour it too: `Peering` reads the object now and then and applies the same rule
+(`outranked_by`). tests/unit/operator/test_peering.py runs the installed kopf's rule over the
+same tables, so a kopf whose rule changed fails there, not in a cluster.
 """
 
 from __future__ import annotations
