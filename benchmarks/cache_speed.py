@@ -10,7 +10,7 @@ The model draws the coloured shape a caption names (runtime/muralist_runtime/mod
 it renders 64x64 in 8 steps, the settings it was trained and evaluated at. The prompts are every
 caption of its world at seeds training never used (shapes.evaluation_prompts). Everything runs in
 this one process through the runtime's own code: features.apply_features (a job's
-generation.cache) and pipeline.render_checked (the call every rank makes), one image per call.
+generation.cache) and call.render_checked (the call every rank makes), one image per call.
 
 Rounds interleave the settings (none, A, B, ..., none, then again), so drift in the machine's
 load hits them alike; each round's ratio is against the mean of that round's two uncached runs.
@@ -163,7 +163,7 @@ def break_later_steps(transformer: Any, steps: int, zeroed: bool) -> Callable[[]
 
 def render_all(pipe: Any, runtime: Any) -> tuple[float, float, list[Any]]:
     """(wall seconds, CPU seconds of this process, the images' 8-bit pixels) for the job's items."""
-    from muralist_runtime.model import pipeline
+    from muralist_runtime.model import call
     from muralist_runtime.work import rows
 
     source = rows.open_rows(runtime)
@@ -171,7 +171,7 @@ def render_all(pipe: Any, runtime: Any) -> tuple[float, float, list[Any]]:
     start, cpu = time.perf_counter(), time.process_time()
     out = []
     for item in items:  # one image per call, as a batchSize 1 job
-        output, reason = pipeline.render_checked(pipe, runtime, [item])[0]
+        output, reason = call.render_checked(pipe, runtime, [item])[0]
         assert reason is None, reason
         out.append(output.pixels())
     return time.perf_counter() - start, time.process_time() - cpu, out
@@ -214,7 +214,7 @@ def run_setting(pipe: Any, setting: Setting, prompts: list[tuple[str, int]], cou
 def calibrate_once(pipe: Any, prompts: list[tuple[str, int]], settings: list[Setting]) -> list[float] | None:
     """Settings that ask MagCache to calibrate get the ratios the job's way, measured once on the
     first prompt, as options.ratios; the ratios, or None when no setting asks."""
-    from muralist_runtime.model import features, pipeline
+    from muralist_runtime.model import call, features
     from muralist_runtime.step_cache import calibration
     from muralist_runtime.work import rows
 
@@ -225,7 +225,7 @@ def calibrate_once(pipe: Any, prompts: list[tuple[str, int]], settings: list[Set
     features.apply_features(pipe, runtime)
     source = rows.open_rows(runtime)
     first = rows.items_of(source.rows(0, 1), runtime.spec.generation)[0]
-    ratios: list[float] = calibration.calibrate(pipe, runtime, first, pipeline.render)["ratios"]
+    ratios: list[float] = calibration.calibrate(pipe, runtime, first, call.render)["ratios"]
     pipe.transformer.disable_cache()
     for setting in asking:
         setting.options = {**{k: v for k, v in setting.options.items() if k != "calibrate"}, "ratios": ratios}
@@ -245,14 +245,14 @@ def main() -> int:
         args.rounds, args.prompts, args.only = 1, QUICK_PROMPTS, QUICK
 
     import torch
-    from muralist_runtime.model import pipeline, shapes
+    from muralist_runtime.model import loading, resolve, shapes
 
     torch.set_num_threads(args.threads)
     prompts = shapes.evaluation_prompts(args.prompts)
     settings = [Setting(label, kind, opts) for label, kind, opts in SETTINGS
                 if label == "none" or args.only is None or label in args.only]
     base_runtime = runtime_spec(prompts, None, {})
-    pipe = pipeline.load_pipeline(base_runtime, *pipeline.resolve_model(base_runtime))
+    pipe = loading.load_pipeline(base_runtime, *resolve.resolve_model(base_runtime))
     counters = Counters(pipe.transformer)
     steps_run = args.prompts * STEPS
     reference: list[Any] | None = None

@@ -12,7 +12,7 @@ the `muralist run` checks use the built-in muralist/tiny-flux. Each check is one
 its own time box (and the whole run a budget), and turns its own errors into FAIL rows:
 
 - build: the random-weight pipelines on the device;
-- render-path: `pipeline.render_checked` with a RuntimeSpec and a rank's step callback (what a
+- render-path: `call.render_checked` with a RuntimeSpec and a rank's step callback (what a
   rank calls) vs a plain `pipe(...)` call with the same inputs vs a bare transformer forward
   loop. Per step = (T(B steps) - T(A steps)) / (B - A), which cancels the fixed costs (text
   encoding, VAE decode, PIL conversion). Target: runtime / plain call <= 1.03;
@@ -23,10 +23,10 @@ its own time box (and the whole run a budget), and turns its own errors into FAI
   PSNR of the 8-bit image vs the uncached one;
 - batching: images/s of render_checked on the small Flux at batch 1, 2, 4, 8;
 - vae-tiling: peak GPU memory (torch.cuda.max_memory_allocated) of a 2048x2048 decode with
-  and without `pipeline.enable_vae_tiling`;
+  and without `loading.enable_vae_tiling`;
 - muralist-run: `muralist run` of a DataParallel and a DeviceMap job (real launcher agent,
   torchrun, the runtime), outputs written, exit 0;
-- compile: `pipeline.compile_transformer` (regional) then the runtime's warm-up call: compile
+- compile: `loading.compile_transformer` (regional) then the runtime's warm-up call: compile
   time, and step time compiled vs not (last: it changes the transformer for good).
 
 --dry-run is the same code on the CPU at toy sizes (float32, 1-2 steps, gpusPerNode 0), so
@@ -478,7 +478,7 @@ def check_build(ctx: Context, emit: Emit) -> None:
 
 def check_render_path(ctx: Context, emit: Emit) -> None:
     """Runtime render_checked vs a plain pipeline call vs a bare forward loop: seconds per step."""
-    from muralist_runtime.model import pipeline
+    from muralist_runtime.model import call
 
     s = ctx.sizes
     pipe = ctx.big()
@@ -489,7 +489,7 @@ def check_render_path(ctx: Context, emit: Emit) -> None:
     item = batch[0]
 
     def runtime_call(n: int) -> list[Any]:
-        return [image for image, _ in pipeline.render_checked(pipe, specs[n], batch, on_step=on_step)]
+        return [image for image, _ in call.render_checked(pipe, specs[n], batch, on_step=on_step)]
 
     def plain_call(n: int) -> list[Any]:
         torch = ctx.torch
@@ -620,7 +620,7 @@ def cache_config(pipe: Any, cache: str, steps: int) -> tuple[Any, str]:
 def check_cache(ctx: Context, emit: Emit) -> None:
     """Each step cache vs uncached: call time ratio and PSNR of the image."""
     from muralist_api.step_cache import CACHES
-    from muralist_runtime.model import pipeline
+    from muralist_runtime.model.call import render_checked
 
     s = ctx.sizes
     pipe = ctx.big()
@@ -628,7 +628,7 @@ def check_cache(ctx: Context, emit: Emit) -> None:
     batch = job_items(spec, 1)
 
     def call() -> Any:
-        return pipeline.render_checked(pipe, spec, batch)[0][0]
+        return render_checked(pipe, spec, batch)[0][0]
 
     base_s, base = ctx.timed(call)
     if base is None:
@@ -660,7 +660,7 @@ def check_cache(ctx: Context, emit: Emit) -> None:
 
 def check_batching(ctx: Context, emit: Emit) -> None:
     """Images/s of render_checked on the small Flux at each batch size."""
-    from muralist_runtime.model import pipeline
+    from muralist_runtime.model import call
 
     s = ctx.sizes
     pipe = ctx.small()
@@ -670,10 +670,10 @@ def check_batching(ctx: Context, emit: Emit) -> None:
         try:
             spec = runtime_spec(ctx, s.small_steps, s.small_side, s.small_text_tokens, batch_size=size)
             batch = job_items(spec, size)
-            pipeline.render_checked(pipe, spec, batch, on_step=on_step)  # warm-up at this shape
+            call.render_checked(pipe, spec, batch, on_step=on_step)  # warm-up at this shape
             calls, elapsed = 0, 0.0
             while calls < (1 if s.dry else 2) or elapsed < s.batch_seconds:
-                seconds, results = ctx.timed(lambda b=batch, sp=spec: pipeline.render_checked(pipe, sp, b,
+                seconds, results = ctx.timed(lambda b=batch, sp=spec: call.render_checked(pipe, sp, b,
                                                                                                on_step=on_step))
                 calls, elapsed = calls + 1, elapsed + seconds
                 bad = sum(image is None for image, _ in results)
@@ -692,10 +692,10 @@ def check_batching(ctx: Context, emit: Emit) -> None:
 
 
 def check_vae_tiling(ctx: Context, emit: Emit) -> None:
-    """A large decode with and without pipeline.enable_vae_tiling: peak GPU memory, time, PSNR."""
+    """A large decode with and without loading.enable_vae_tiling: peak GPU memory, time, PSNR."""
     from types import SimpleNamespace
 
-    from muralist_runtime.model import pipeline
+    from muralist_runtime.model import loading
 
     s = ctx.sizes
     torch = ctx.torch
@@ -716,7 +716,7 @@ def check_vae_tiling(ctx: Context, emit: Emit) -> None:
         return seconds, peak, image.float().clamp(-1, 1)
 
     whole_s, whole_peak, whole = decode()
-    if not pipeline.enable_vae_tiling(SimpleNamespace(vae=vae)):
+    if not loading.enable_vae_tiling(SimpleNamespace(vae=vae)):
         raise RuntimeError("enable_vae_tiling found no tiling VAE")
     tiled_s, tiled_peak, tiled = decode()
     mse = float(((whole - tiled) / 2).pow(2).mean())
@@ -864,8 +864,8 @@ def check_muralist_run(ctx: Context, emit: Emit) -> None:
 
 
 def check_compile(ctx: Context, emit: Emit) -> None:
-    """Regional compile (pipeline.compile_transformer), then the runtime's warm-up: time; step time on vs off."""
-    from muralist_runtime.model import pipeline
+    """Regional compile (loading.compile_transformer), then the runtime's warm-up: time; step time on vs off."""
+    from muralist_runtime.model import call, loading
 
     s = ctx.sizes
     if s.dry:
@@ -881,19 +881,19 @@ def check_compile(ctx: Context, emit: Emit) -> None:
     def per_step(repeats: int) -> list[float]:
         out = []
         for _ in range(repeats):
-            t_a, _ = ctx.timed(lambda: pipeline.render_checked(pipe, specs[a], batch, on_step=on_step))
-            t_b, _ = ctx.timed(lambda: pipeline.render_checked(pipe, specs[b], batch, on_step=on_step))
+            t_a, _ = ctx.timed(lambda: call.render_checked(pipe, specs[a], batch, on_step=on_step))
+            t_b, _ = ctx.timed(lambda: call.render_checked(pipe, specs[b], batch, on_step=on_step))
             out.append((t_b - t_a) / (b - a))
         return out
 
     off = ctx.runtime_step_s
     if off is None:  # render-path did not run or failed: measure the uncompiled step here
-        pipeline.render_checked(pipe, specs[a], batch)
+        call.render_checked(pipe, specs[a], batch)
         off = statistics.median(per_step(1))
     emit(Row("compile", "off", f"{off:.4f} s/step (runtime render_checked)", OK))
     start = time.perf_counter()
-    what = pipeline.compile_transformer(pipe, parallel=False)
-    ctx.timed(lambda: pipeline.render_checked(pipe, specs[2], batch))  # loading.compile_and_warm_up's warm-up
+    what = loading.compile_transformer(pipe, parallel=False)
+    ctx.timed(lambda: call.render_checked(pipe, specs[2], batch))  # loading.compile_and_warm_up's warm-up
     compile_s = time.perf_counter() - start
     on = per_step(2)
     emit(Row("compile", f"on: {what}, fullgraph",

@@ -269,7 +269,7 @@ def main() -> int:
     tokens = MAX_SEQUENCE_LENGTH
     if args.quick:
         args.rounds, args.prompts, args.batch_sizes, args.size = 1, 4, [1], 32
-        from muralist_runtime.model.pipeline import tiny_cache_dir
+        from muralist_runtime.model.resolve import tiny_cache_dir
         from muralist_runtime.model.tiny import build_tiny
 
         model = build_tiny("muralist/tiny-flux", tiny_cache_dir("muralist/tiny-flux"))

@@ -131,7 +131,7 @@ def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 
 def build_tiny_in_cache(name: str, runtime_env: dict[str, str]) -> Path:
     """Build a tiny model once, where `name` resolves in spawned processes (MURALIST_TINY_MODELS)."""
-    from muralist_runtime.model.pipeline import tiny_cache_dir
+    from muralist_runtime.model.resolve import tiny_cache_dir
     from muralist_runtime.model.tiny import build_tiny
 
     old = os.environ.get(contract.MURALIST_TINY_MODELS)
@@ -193,19 +193,19 @@ def render_in_process(job: dict[str, Any], model: Path, inputs: Path | None = No
     """The job's outputs rendered by the runtime's own functions in this process, one thread,
     no torchrun: {key: layouts.RenderedOutput or the reason it failed}. What 'one process' renders."""
     import torch
-    from muralist_runtime.model import features, pipeline
+    from muralist_runtime.model import call, features, loading
     from muralist_runtime.work import rows
 
     torch.set_num_threads(1)  # like every spawned rank (OMP_NUM_THREADS=1)
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused",
                                           "inputsDir": str(inputs) if inputs else None})
-    pipe = pipeline.load_pipeline(runtime, str(model), None)
+    pipe = loading.load_pipeline(runtime, str(model), None)
     features.apply_features(pipe, runtime)
     source = rows.open_rows(runtime)
     items = rows.items_of(source.rows(0, source.count()), runtime.spec.generation)
     out = {}
     for item in items:
-        output, reason = pipeline.render_checked(pipe, runtime, [item])[0]
+        output, reason = call.render_checked(pipe, runtime, [item])[0]
         out[item.key] = output if output is not None else reason
     return out
 

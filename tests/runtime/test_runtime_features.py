@@ -13,7 +13,7 @@ from muralist_api.items import row_items
 from muralist_api.options import Adapter, SchedulerSpec
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_api.step_cache import CACHES, CacheSpec
-from muralist_runtime.model import features, pipeline
+from muralist_runtime.model import call, features, loading
 from muralist_runtime.step_cache import hooks
 from muralist_runtime.step_cache.config import cache_config
 
@@ -26,12 +26,12 @@ def runtime(job: dict[str, Any]) -> RuntimeSpec:
 
 def load(model: Path, job: dict[str, Any] | None = None) -> tuple[Any, RuntimeSpec]:
     spec = runtime(job or make_job().obj())
-    return pipeline.load_pipeline(spec, str(model), None), spec
+    return loading.load_pipeline(spec, str(model), None), spec
 
 
 def pixels(pipe: Any, spec: RuntimeSpec) -> np.ndarray:
     item = row_items(0, "a red fox", spec.spec.generation)[0]
-    output, reason = pipeline.render_checked(pipe, spec, [item])[0]
+    output, reason = call.render_checked(pipe, spec, [item])[0]
     assert reason is None, reason
     return output.pixels()
 

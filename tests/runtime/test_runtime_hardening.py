@@ -19,14 +19,14 @@ pytestmark = pytest.mark.torchrun
 def test_step_callback_fires_once_per_step(tiny_model: Path) -> None:
     from muralist_api.items import row_items
     from muralist_api.runtime_spec import RuntimeSpec
-    from muralist_runtime.model import pipeline
+    from muralist_runtime.model import call, loading
 
     job = make_job().obj()
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused"})
-    pipe = pipeline.load_pipeline(runtime, str(tiny_model), None)
+    pipe = loading.load_pipeline(runtime, str(tiny_model), None)
     task = row_items(0, "a red fox", runtime.spec.generation)[0]
     steps: list[int] = []
-    images = pipeline.render(pipe, runtime, [task], on_step=lambda: steps.append(1), steps=3)
+    images = call.render(pipe, runtime, [task], on_step=lambda: steps.append(1), steps=3)
     assert len(images) == 1 and len(steps) == 3
 
 

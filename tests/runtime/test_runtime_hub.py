@@ -30,7 +30,7 @@ from muralist_api.contract import PermanentFailure
 from muralist_api.job import Generation
 from muralist_api.options import Adapter
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime.model import features, hub, pipeline, preflight, staging
+from muralist_runtime.model import features, hub, loading, preflight, resolve, staging
 
 from tests.hub_server import HubServer
 
@@ -138,7 +138,7 @@ def test_a_refusal_of_the_hub_fails_at_resolve_naming_the_field(repo: Repos, hf_
     if token:
         monkeypatch.setenv("HF_TOKEN", token)
     with pytest.raises(PermanentFailure) as e:
-        pipeline.resolve_model(runtime({"name": name, **({"revision": revision} if revision else {})}))
+        resolve.resolve_model(runtime({"name": name, **({"revision": revision} if revision else {})}))
     assert e.value.field == field
     assert words in str(e.value)
     assert len(repo.server.seen(name)) == 1, "refused at the first request, never retried"
@@ -156,13 +156,13 @@ def test_staging_and_loading_name_the_same_fields(repo: Repos, hf_cache: Path, t
                                   (MODEL, "no-such-branch", "spec.model.revision"),
                                   (NO_SUCH_REPO, None, "spec.model.name")]:
         with pytest.raises(PermanentFailure) as e:
-            pipeline.load_pipeline(spec, name, revision)
+            loading.load_pipeline(spec, name, revision)
         assert e.value.field == field, str(e.value)
 
 
 def test_a_hub_adapter_loads_at_its_revision_and_each_refusal_names_its_field(repo: Repos, hf_cache: Path,
                                                                               tiny_model: Path) -> None:
-    pipe = pipeline.load_pipeline(runtime({"name": MODEL}), str(tiny_model), None)
+    pipe = loading.load_pipeline(runtime({"name": MODEL}), str(tiny_model), None)
     line = features.load_adapters(pipe, [Adapter(name=LORA, weight_name=LORA_FILE, revision="v1")], fuse=False)
     assert line == f"LoRA adapters: {LORA} x1"
     fetched = [r for r in repo.server.seen(LORA) if r.kind == "resolve"]

@@ -39,7 +39,7 @@ def test_loads_with_from_pretrained(tiny_model: Path) -> None:
 def test_vae_tiling_decodes_tile_by_tile(tiny_model: Path) -> None:
     import torch
     from diffusers import DiffusionPipeline
-    from muralist_runtime.model.pipeline import enable_vae_tiling
+    from muralist_runtime.model.loading import enable_vae_tiling
 
     pipe = DiffusionPipeline.from_pretrained(tiny_model, dtype=torch.float32)
     assert enable_vae_tiling(pipe) and pipe.vae.use_tiling

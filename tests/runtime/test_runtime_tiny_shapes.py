@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime.model import bundled, pipeline, shapes
+from muralist_runtime.model import bundled, call, loading, resolve, shapes
 
 from tests.runtime.conftest import make_job
 
@@ -37,7 +37,7 @@ def test_files_match_their_recorded_checksums() -> None:
 
 def test_name_resolves_to_the_package_folder_without_a_build(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("MURALIST_TINY_MODELS", str(tmp_path))
-    source, revision = pipeline.resolve_model(runtime())
+    source, revision = resolve.resolve_model(runtime())
     assert (source, revision) == (str(bundled.bundled_model(NAME)), None)
     assert not list(tmp_path.iterdir()), "nothing built or copied"
 
@@ -51,13 +51,13 @@ def rendered() -> tuple[float, float]:
 
     torch.set_num_threads(1)
     spec = runtime()
-    pipe = pipeline.load_pipeline(spec, *pipeline.resolve_model(spec))
+    pipe = loading.load_pipeline(spec, *resolve.resolve_model(spec))
     assert pipe.transformer.config.num_attention_heads % 2 == 0, "Ulysses 2 and TP 2 divide the heads"
     source = rows.open_rows(spec)
     items = rows.items_of(source.rows(0, source.count()), spec.spec.generation)
     assert [item.seed for item in items] == [seed for _, seed in PROMPTS]
     start = time.perf_counter()
-    outputs = pipeline.render_checked(pipe, spec, items)
+    outputs = call.render_checked(pipe, spec, items)
     per_image = (time.perf_counter() - start) / len(items)
     images = [np.asarray(output.image.convert("RGB")) for output, _ in outputs]
     score = shapes.adherence(zip([item.prompt for item in items], images, strict=True))

@@ -189,7 +189,7 @@ def test_a_batch_is_split_into_calls_that_render_each_item_as_alone(name: str, t
                                                                     monkeypatch) -> None:
     # A pipeline call takes one strength, and images for all its prompts or for none.
     from muralist_api.runtime_spec import RuntimeSpec
-    from muralist_runtime.model import pipeline
+    from muralist_runtime.model import call, loading
     from muralist_runtime.work import rows
 
     job = make_job().prompts(*MIXED_BATCHES[name]).generation(batchSize=4).obj()
@@ -198,13 +198,13 @@ def test_a_batch_is_split_into_calls_that_render_each_item_as_alone(name: str, t
     alone = render_in_process(job, tiny_model, inputs_dir)
     runtime = RuntimeSpec.model_validate({"name": "t", "spec": job, "outputDir": "/unused",
                                           "inputsDir": str(inputs_dir)})
-    pipe = pipeline.load_pipeline(runtime, str(tiny_model), None)
+    pipe = loading.load_pipeline(runtime, str(tiny_model), None)
     calls: list[list[str]] = []
-    call = pipeline._call
-    monkeypatch.setattr(pipeline, "_call", lambda pipe, runtime, batch, *a: calls.append([i.key for i in batch])
-                        or call(pipe, runtime, batch, *a))
+    original = call._call
+    monkeypatch.setattr(call, "_call", lambda pipe, runtime, batch, *a: calls.append([i.key for i in batch])
+                        or original(pipe, runtime, batch, *a))
     items = rows.items_of(rows.open_rows(runtime).rows(0, 4), runtime.spec.generation)
-    together = pipeline.render_checked(pipe, runtime, items)
+    together = call.render_checked(pipe, runtime, items)
     assert calls == [["00000-000", "00001-000"], ["00002-000"], ["00003-000"]]
     for item, (output, reason) in zip(items, together, strict=True):
         assert reason is None, reason

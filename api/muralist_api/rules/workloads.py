@@ -116,7 +116,7 @@ def input_problems(pipeline: str | None, uses: set[str], field_name: str) -> lis
 # Keyword arguments of a pipeline call that the spec or an item already decides, with the field that
 # sets each. In generation.extraArgs they would bypass the spec's bounds and the determinism rule (a
 # generator or latents of its own) or change what an item is behind its record's back, so they are
-# refused there; the runtime sets them last all the same (model/pipeline.py call_kwargs).
+# refused there; the runtime sets them last all the same (model/call.py call_kwargs).
 RESERVED_CALL_ARGS: dict[str, str] = {
     **dict.fromkeys(("prompt", "prompt_2", "prompt_3", "prompt_embeds", "pooled_prompt_embeds"),
                     "spec.prompts (or spec.dataset.columns.prompt)"),

@@ -26,7 +26,7 @@ from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
 from ..world.distributed import DistributedWorld
-from .pipeline import render
+from .call import render
 
 log = logging.getLogger("muralist.canary")
 

@@ -1,6 +1,6 @@
 """The Hugging Face Hub's answers, classified in one place for every hub call of the runtime.
 
-A model or adapter named by hub id is fetched in four places: `pipeline.resolve_model`
+A model or adapter named by hub id is fetched in four places: `resolve.resolve_model`
 (model_index.json, before the world exists, so a refusal fails the pod at once), staging
 (`snapshot_download`), `from_pretrained` and `load_lora_weights`. Each wraps its call in
 `hub_errors(...)` (adapters call `permanent`). diffusers wraps the client's errors in its own

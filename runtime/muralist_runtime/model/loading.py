@@ -1,6 +1,8 @@
-"""Loading the pipeline once the world exists: staged, loaded, checked against the layout, with
-the job's features (adapters, scheduler, step cache), verified by the canary, parallelised and,
-when asked, compiled.
+"""Loading the pipeline once the world exists: staged, loaded (`from_pretrained` of the source resolve.py
+found, with the spec's pipeline class and dtype), checked against the layout and the call, with the
+job's features (adapters, scheduler, step cache), VAE tiling when asked, verified by the canary,
+parallelised and, when asked, compiled (a regional torch.compile of the transformer's repeated blocks)
+and warmed up.
 
 Timings: loadSeconds (staging, from_pretrained, placement, parallel setup, MagCache's calibration
 included), calibrateSeconds (that render alone), verifySeconds and compileSeconds (warm-up included).
@@ -12,12 +14,13 @@ import logging
 import time
 from typing import Any
 
+from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 
 from ..step_cache import calibration
 from ..world.distributed import DistributedWorld
-from . import canary, features, pipeline, staging
+from . import call, canary, features, hub, staging
 from .strategies import ParallelStrategy, Plan
 
 log = logging.getLogger("muralist")
@@ -27,7 +30,7 @@ def load(runtime: RuntimeSpec, strategy: ParallelStrategy, plan: Plan, source: s
          first: Item, gpu: bool, world: DistributedWorld, timings: dict[str, float],
          learned: dict[str, Any] | None = None) -> Any:
     """The pipeline, ready to render this rank's share; `first`: the canary's, the warm-up's and
-    MagCache's calibration item. `learned` receives what job.json records of the model (a
+    MagCache's calibration item. `learned` receives what the job file records of the model (a
     calibrated cache: `cacheCalibration`)."""
     spec = runtime.spec
     start = time.perf_counter()
@@ -36,19 +39,19 @@ def load(runtime: RuntimeSpec, strategy: ParallelStrategy, plan: Plan, source: s
         staged, _ = staging.stage_model(source, revision, world.layout.local_rank,
                                         quiet_seconds=spec.parallelism.collective_timeout_seconds)
         source, revision = str(staged), None
-    pipe = pipeline.load_pipeline(runtime, source, revision, **plan.load_kwargs)
+    pipe = load_pipeline(runtime, source, revision, **plan.load_kwargs)
     strategy.check_model(pipe, plan)
-    pipeline.check_call(pipe, spec)
+    call.check_call(pipe, spec)
     pipe = strategy.place(pipe, plan, world)
     # Before the canary's reference and enable_parallelism (features.py says why).
     features.apply_features(pipe, runtime)
     if calibration.wanted(runtime):
         calibrated = time.perf_counter()
-        found = calibration.calibrate(pipe, runtime, first, pipeline.render)
+        found = calibration.calibrate(pipe, runtime, first, call.render)
         timings["calibrateSeconds"] = time.perf_counter() - calibrated
         if learned is not None:
             learned["cacheCalibration"] = found
-    if spec.generation.vae_tiling and not pipeline.enable_vae_tiling(pipe):
+    if spec.generation.vae_tiling and not enable_vae_tiling(pipe):
         log.warning("generation.vaeTiling: this pipeline's VAE cannot tile; decoding whole")
     verify = spec.parallelism.verify and world.layout.group_size > 1
     if spec.parallelism.verify and not verify:
@@ -67,6 +70,48 @@ def load(runtime: RuntimeSpec, strategy: ParallelStrategy, plan: Plan, source: s
     return pipe
 
 
+def pipeline_class(name: str | None) -> Any:
+    import diffusers
+
+    if not name:
+        return diffusers.DiffusionPipeline
+    cls = getattr(diffusers, name, None)
+    if cls is None or not hasattr(cls, "from_pretrained"):
+        raise PermanentFailure("spec.model.pipeline", f"diffusers has no pipeline class {name!r}")
+    return cls
+
+
+
+def load_pipeline(runtime: RuntimeSpec, source: str, revision: str | None, **kwargs: Any) -> Any:
+    """`from_pretrained` of `source` (from resolve_model) with the spec's class and dtype."""
+    import torch
+
+    model = runtime.spec.model
+    cls = pipeline_class(model.pipeline)
+    if model.loading is not None and model.loading.no_mmap:
+        # diffusers 0.42 takes disable_mmap at the pipeline level and hands it to every
+        # component's load_state_dict: safetensors are read whole, not page-faulted in.
+        kwargs["disable_mmap"] = True
+    with hub.hub_errors(source, revision, hub.MODEL):
+        pipe = cls.from_pretrained(source, revision=revision, token=hub.token(), dtype=getattr(torch, model.dtype),
+                                   **kwargs)
+    # The runtime prints its own progress; diffusers' per-step bars would interleave.
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+
+def enable_vae_tiling(pipe: Any) -> bool:
+    """Tiled VAE decode. Every rank of a CP/TP group calls the pipeline, so every rank decodes
+    with the same tiling and no rank waits on a collective the others skip."""
+    vae = getattr(pipe, "vae", None)
+    if vae is None or not hasattr(vae, "enable_tiling"):
+        return False
+    vae.enable_tiling()
+    return True
+
+
+
 def compile_and_warm_up(pipe: Any, runtime: RuntimeSpec, first: Item, gpu: bool, world: DistributedWorld,
                         timings: dict[str, float]) -> None:
     """generation.compile: regional compile, then one call at the job's resolution and batch.
@@ -80,8 +125,31 @@ def compile_and_warm_up(pipe: Any, runtime: RuntimeSpec, first: Item, gpu: bool,
         log.warning("generation.compile: ignored on CPU (GPU only)")
         return
     start = time.perf_counter()
-    what = pipeline.compile_transformer(pipe, world.layout.group_size > 1)
+    what = compile_transformer(pipe, world.layout.group_size > 1)
     batch = [first] * runtime.spec.generation.batch_size
-    pipeline.render(pipe, runtime, batch, steps=min(2, runtime.spec.generation.steps))
+    call.render(pipe, runtime, batch, steps=min(2, runtime.spec.generation.steps))
     timings["compileSeconds"] = time.perf_counter() - start
     log.info("compiled %s and warmed up in %.1fs", what, timings["compileSeconds"])
+
+
+def compile_transformer(pipe: Any, parallel: bool) -> str:
+    """Regional torch.compile of the transformer's repeated blocks; returns what was compiled.
+
+    Compiling the repeated block once (diffusers' compile_repeated_blocks) instead of the whole
+    model cuts compile time from minutes to tens of seconds for the same steady-state gain.
+    Within a CP/TP group the blocks call collectives (all-to-all, DTensor), which may break the
+    graph, so fullgraph is only demanded without parallelism.
+    """
+    transformer = getattr(pipe, "transformer", None)
+    if transformer is None:
+        return "nothing (no transformer)"
+    if getattr(transformer, "_repeated_blocks", None):
+        transformer.compile_repeated_blocks(fullgraph=not parallel)
+        return f"repeated blocks {list(transformer._repeated_blocks)}"
+    compiled = 0
+    for name in ("transformer_blocks", "single_transformer_blocks"):
+        for block in getattr(transformer, name, None) or []:
+            block.compile(fullgraph=not parallel)
+            compiled += 1
+    return f"{compiled} blocks"
+

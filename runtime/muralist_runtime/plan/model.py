@@ -12,7 +12,7 @@ import logging
 
 from muralist_api.runtime_spec import RuntimeSpec
 
-from ..model import pipeline, strategies
+from ..model import resolve, strategies
 from ..model.strategies import ParallelStrategy, Plan
 from ..world import distributed
 
@@ -28,6 +28,6 @@ def plan_model(runtime: RuntimeSpec) -> tuple[ParallelStrategy, Plan, str, str |
                     spec.parallelism.gpus_per_node)
     strategy = strategies.get_strategy(spec.parallelism.strategy)
     # Resolved (a tiny model built) before the world exists: see resolve_model.
-    source, revision = pipeline.resolve_model(runtime)
+    source, revision = resolve.resolve_model(runtime)
     plan = strategy.plan(spec, source, revision, gpu)
     return strategy, plan, source, revision, gpu

@@ -20,7 +20,7 @@ from typing import Any
 from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
 
-from ..model import pipeline
+from ..model import call
 from ..outputs import requests, storage, writer
 from ..outputs.layouts import RenderedOutput, chunk_counts, failed_entry, read_part, relisted, write_part
 from ..run_state import NotSetUp, RunPlan, RunState
@@ -109,7 +109,7 @@ def generate(job: RunPlan, pipe: Any, state: RunState) -> None:
             where=state.jobfile.where)
     rendered = 0
     gate = CacheGate.for_job(job.runtime, job.work.start, job.work.total_items,
-                             storage.at(Path(job.runtime.output_dir)), pipeline.render_checked)
+                             storage.at(Path(job.runtime.output_dir)), call.render_checked)
     try:
         for chunk, sweeping in chunk_stream(job, state):
             if gate is not None:
@@ -273,12 +273,12 @@ Outcome = tuple[str, bool]  # a failed call: (its reason, out of memory)
 
 
 def _call(job: RunPlan, pipe: Any, state: RunState, batch: list[Item], gate: CacheGate | None,
-          on_step: Callable[[], None]) -> tuple[list[pipeline.Checked], Outcome | None]:
+          on_step: Callable[[], None]) -> tuple[list[call.Checked], Outcome | None]:
     """One call's results, or why it failed; a failure of the world is raised."""
     try:
-        results = pipeline.render_checked(pipe, job.runtime, batch, on_step=on_step)
+        results = call.render_checked(pipe, job.runtime, batch, on_step=on_step)
         for _ in range(faults.render_repeat(state.world.layout.rank) - 1):  # a test's slow rank: the same work again
-            pipeline.render_checked(pipe, job.runtime, batch)
+            call.render_checked(pipe, job.runtime, batch)
         if gate is not None:
             results = gate.check(pipe, batch, results, on_step, state.writes)
     except PermanentFailure:

@@ -1,6 +1,6 @@
 """How far one render is from another of the same item: PSNR and SSIM on 8-bit pixels.
 
-Pure numpy, so the runtime's cache gate (render/cache_gate.py), the cache benchmark and the
+Pure numpy, so the runtime's cache gate (gate.py), the cache benchmark and the
 tests compute them alike.
 
 - PSNR: 10 log10(255^2 / MSE) over every pixel and channel; identical images give infinity.

@@ -1,104 +1,28 @@
-"""Pipeline loading and calling: the real `from_pretrained` for every kind of model name.
+"""One call of the loaded pipeline per batch: what the pipeline takes (checked before generating, on
+every rank alike: `check_call`), a batch's kwargs (`call_kwargs`: one CPU generator per item, seeded by
+the item, and its input images), and the call itself with its outputs checked (`render_checked`: an
+item whose text, inputs or output is bad fails alone, with its reason).
 
-A model is a hub repo id (with revision and HF_TOKEN), a local directory, or a built-in tiny
-name (muralist_api.rules.catalog.TINY_MODEL_NAMES): a random one is built in place into a cache
-directory first, a trained one is read from the runtime package (bundled.py); either is then
-loaded exactly like a local directory. `RuntimeSpec.model_path` (muralist run --model)
-replaces the name with a local directory. The hub's refusals (gated, no such repo, revision
-or file) are permanent failures naming the field (hub.py).
+The claim loop renders through `render_checked`; the canary, MagCache's calibration, the cache gate and
+the compile's warm-up through `render` / `render_checked` as well, so every render of a run is the one
+the job's items get.
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
-import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from muralist_api.contract import PermanentFailure
-from muralist_api.contract.env import PodEnv
 from muralist_api.items import Item, text_problem
-from muralist_api.rules.catalog import TINY_MODEL_NAMES
 from muralist_api.rules.workloads import IMAGE_FORMATS, VIDEO_FORMATS
 from muralist_api.runtime_spec import RuntimeSpec
 
 from ..outputs.layouts import RenderedOutput
 from ..outputs.media import frames_to_uint8
 from ..testing.faults import nan_rows
-from . import hub
-from .bundled import BUNDLED_MODELS, bundled_model
 from .inputs import InputError, load_inputs
-from .tiny import build_tiny
-
-log = logging.getLogger("muralist.pipeline")
-
-
-def tiny_cache_dir(name: str) -> Path:
-    """Where a built-in tiny model is built: MURALIST_CACHE, else under HF_HOME, else ~/.cache."""
-    env = PodEnv.from_environ()
-    base = env.cache_dir
-    if base is None:
-        base = os.path.join(env.hf_home, "muralist") if env.hf_home else os.path.expanduser(
-            "~/.cache/muralist/models")
-    return Path(base) / name.replace("/", "--")
-
-
-def resolve_model(runtime: RuntimeSpec) -> tuple[str, str | None]:
-    """(what to pass to from_pretrained, revision); builds a tiny model when one is named, and
-    checks that the hub serves a hub id (its model_index.json, with the token).
-
-    Call it before torch.distributed is initialised: transformers' save_pretrained writes
-    nothing on ranks other than 0 once a process group exists, so a build racing on rank 1
-    would miss its text encoders.
-    """
-    model = runtime.spec.model
-    if runtime.model_path:
-        return runtime.model_path, None
-    if model.name in BUNDLED_MODELS:
-        return str(bundled_model(model.name)), None
-    if model.name in TINY_MODEL_NAMES:
-        return str(build_tiny(model.name, tiny_cache_dir(model.name))), None
-    if model.name.startswith("/") and not Path(model.name).is_dir():
-        raise PermanentFailure("spec.model.name", f"{model.name} is not a directory in the pod")
-    if not Path(model.name).is_dir():
-        # The first file from_pretrained reads, fetched now: a repo that is gated, missing or
-        # without that revision fails the pod here, in seconds, not after the world is up.
-        from huggingface_hub import hf_hub_download
-
-        with hub.hub_errors(model.name, model.revision, hub.MODEL):
-            hf_hub_download(model.name, "model_index.json", revision=model.revision, token=hub.token())
-    return model.name, model.revision
-
-
-def pipeline_class(name: str | None) -> Any:
-    import diffusers
-
-    if not name:
-        return diffusers.DiffusionPipeline
-    cls = getattr(diffusers, name, None)
-    if cls is None or not hasattr(cls, "from_pretrained"):
-        raise PermanentFailure("spec.model.pipeline", f"diffusers has no pipeline class {name!r}")
-    return cls
-
-
-def load_pipeline(runtime: RuntimeSpec, source: str, revision: str | None, **kwargs: Any) -> Any:
-    """`from_pretrained` of `source` (from resolve_model) with the spec's class and dtype."""
-    import torch
-
-    model = runtime.spec.model
-    cls = pipeline_class(model.pipeline)
-    if model.loading is not None and model.loading.no_mmap:
-        # diffusers 0.42 takes disable_mmap at the pipeline level and hands it to every
-        # component's load_state_dict: safetensors are read whole, not page-faulted in.
-        kwargs["disable_mmap"] = True
-    with hub.hub_errors(source, revision, hub.MODEL):
-        pipe = cls.from_pretrained(source, revision=revision, token=hub.token(), dtype=getattr(torch, model.dtype),
-                                   **kwargs)
-    # The runtime prints its own progress; diffusers' per-step bars would interleave.
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def call_parameters(pipe: Any) -> Any:
@@ -316,35 +240,3 @@ def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequen
         else:
             out.append((RenderedOutput(image=pipe.numpy_to_pil(array[None])[0], inputs=given), None))
     return out
-
-
-def compile_transformer(pipe: Any, parallel: bool) -> str:
-    """Regional torch.compile of the transformer's repeated blocks; returns what was compiled.
-
-    Compiling the repeated block once (diffusers' compile_repeated_blocks) instead of the whole
-    model cuts compile time from minutes to tens of seconds for the same steady-state gain.
-    Within a CP/TP group the blocks call collectives (all-to-all, DTensor), which may break the
-    graph, so fullgraph is only demanded without parallelism.
-    """
-    transformer = getattr(pipe, "transformer", None)
-    if transformer is None:
-        return "nothing (no transformer)"
-    if getattr(transformer, "_repeated_blocks", None):
-        transformer.compile_repeated_blocks(fullgraph=not parallel)
-        return f"repeated blocks {list(transformer._repeated_blocks)}"
-    compiled = 0
-    for name in ("transformer_blocks", "single_transformer_blocks"):
-        for block in getattr(transformer, name, None) or []:
-            block.compile(fullgraph=not parallel)
-            compiled += 1
-    return f"{compiled} blocks"
-
-
-def enable_vae_tiling(pipe: Any) -> bool:
-    """Tiled VAE decode. Every rank of a CP/TP group calls the pipeline, so every rank decodes
-    with the same tiling and no rank waits on a collective the others skip."""
-    vae = getattr(pipe, "vae", None)
-    if vae is None or not hasattr(vae, "enable_tiling"):
-        return False
-    vae.enable_tiling()
-    return True
