@@ -30,7 +30,7 @@ from muralist_operator.decision import (
     Transition,
 )
 from muralist_operator.naming import pod_selector
-from muralist_operator.observe import Observed, PodView
+from muralist_operator.observe import ByIndex, Observed, PodView, by_index
 from muralist_operator.policies import deadline, failure, resize, stall, start, suspension, ttl, world
 from muralist_operator.progress.aggregate import JobProgress
 
@@ -123,7 +123,7 @@ def _create_job(t: Transition, job: DiffusionJob, now: datetime) -> Decision:
     return t.decision
 
 
-def _running_message(job: DiffusionJob, indexes: failure.Indexes, running: int) -> tuple[str, str]:
+def _running_message(job: DiffusionJob, indexes: ByIndex, running: int) -> tuple[str, str]:
     par, limit = job.spec.parallelism, job.spec.run_policy.max_restarts
     base = f"{par.nodes} pod(s), world size {par.world_size}"
     retrying = failure.retrying(indexes, limit)
@@ -215,7 +215,7 @@ def _decide_running(t: Transition, job: DiffusionJob, observed: Observed, now: d
     if current.failed and current.failure_reason == REASON_DEADLINE:
         t.phase(Phase.FAILED, REASON_DEADLINE, deadline.message(policy))
         return t.decision
-    indexes = failure.by_index(pods)
+    indexes = by_index(pods)
     if failure.handle(t, job, current, pods, indexes):
         return t.decision
 
@@ -264,7 +264,7 @@ def restore(t: Transition, observed: Observed) -> None:
             "; ".join(f"{kind} {name} was gone: created again" for kind, name in missing))
 
 
-def _gated_note(job: DiffusionJob, indexes: failure.Indexes, running: int) -> str:
+def _gated_note(job: DiffusionJob, indexes: ByIndex, running: int) -> str:
     """What a resize through Kueue's workload slices waits for: the pods of the new size are held
     back until Kueue admits it (the running ones go on)."""
     gated = sum(1 for s in indexes.values() if s.newest.gated and not s.newest.deleting)

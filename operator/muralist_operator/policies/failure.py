@@ -15,8 +15,6 @@ often, why, and when the job as a whole has failed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from muralist_api import contract
 from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE
 from muralist_api.job import DiffusionJob
@@ -31,56 +29,11 @@ from muralist_operator.decision import (
     Transition,
     iso,
 )
-from muralist_operator.observe import JobView, PodView
+from muralist_operator.observe import ByIndex, IndexFailures, JobView, PodView, by_index
 
 # The Job controller's reasons on its Failed condition.
 JOB_PERMANENT = "PodFailurePolicy"
 JOB_OUT_OF_RETRIES = ("MaxFailedIndexesExceeded", "FailedIndexes", "BackoffLimitExceeded")
-
-
-@dataclass(frozen=True)
-class IndexFailures:
-    """One index as its pods tell it: how often it failed, and its newest pod."""
-
-    index: int
-    failures: int
-    newest: PodView
-    last_failed: PodView | None
-
-    @property
-    def retrying(self) -> bool:
-        """Its newest pod failed and the Job controller has not started the next one yet, or the
-        next one is not running yet."""
-        return self.newest.counted_failure or (self.failures > 0 and self.newest.phase == "Pending")
-
-
-def _newest_first(pod: PodView) -> tuple[int, bool, str, str]:
-    # The retry count grows with each counted failure; a pod replacing a disrupted one has the
-    # same count and is live, or newer.
-    return (pod.failure_count, not pod.terminal, pod.created or "", pod.name)
-
-
-Indexes = dict[int, IndexFailures]
-
-
-def by_index(pods: list[PodView]) -> Indexes:
-    """Every index's pods summed up. A reconcile computes this once and hands it to each policy
-    that needs it (with 1,024 pods it takes ~1 ms, and a reconcile runs every second)."""
-    groups: dict[int, list[PodView]] = {}
-    for pod in pods:
-        if pod.index >= 0:
-            group = groups.get(pod.index)
-            if group is None:
-                groups[pod.index] = [pod]
-            else:
-                group.append(pod)
-    out: Indexes = {}
-    for index, group in groups.items():
-        group.sort(key=_newest_first, reverse=True)
-        newest = group[0]
-        last_failed = next((p for p in group if p.counted_failure), None)
-        out[index] = IndexFailures(index, newest.failure_count + (last_failed is newest), newest, last_failed)
-    return out
 
 
 def failure_reason(pod: PodView) -> str:
@@ -111,7 +64,7 @@ def permanent(pods: list[PodView]) -> PodView | None:
     return min(found, key=lambda p: p.index) if found else None
 
 
-def record(t: Transition, indexes: dict[int, IndexFailures], limit: int) -> list[IndexFailures]:
+def record(t: Transition, indexes: ByIndex, limit: int) -> list[IndexFailures]:
     """Bring status.indexes and status.restarts up to date; returns the indexes with a failure
     not seen before (for events). Counts never go down: the Job's old pods may be gone."""
     st = t.status
@@ -137,7 +90,7 @@ def record(t: Transition, indexes: dict[int, IndexFailures], limit: int) -> list
 
 
 def handle(t: Transition, job: DiffusionJob, current: JobView, pods: list[PodView],
-           indexes: Indexes | None = None) -> bool:
+           indexes: ByIndex | None = None) -> bool:
     """Record the failures and decide for the job; True when it has failed (the decision is made).
     `indexes`: by_index(pods), when the caller has it already."""
     limit = job.spec.run_policy.max_restarts
@@ -177,6 +130,6 @@ def handle(t: Transition, job: DiffusionJob, current: JobView, pods: list[PodVie
     return False
 
 
-def retrying(indexes: Indexes, limit: int) -> list[IndexFailures]:
+def retrying(indexes: ByIndex, limit: int) -> list[IndexFailures]:
     """Indexes (by_index) waiting for, or starting, their next pod (for the Running message)."""
     return sorted((s for s in indexes.values() if s.retrying and s.failures <= limit), key=lambda s: s.index)

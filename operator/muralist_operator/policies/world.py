@@ -19,8 +19,7 @@ from muralist_api import contract
 from muralist_api.job import Parallelism
 
 from muralist_operator.decision import REASON_WORLD_FAILED
-from muralist_operator.observe import PodView
-from muralist_operator.policies.failure import Indexes, by_index
+from muralist_operator.observe import ByIndex, PodView, by_index
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ def pods_per_world(par: Parallelism) -> int:
     return contract.pods_per_world(par.group_size, par.resolved_processes_per_node)
 
 
-def peers_to_stop(par: Parallelism, pods: list[PodView], indexes: Indexes | None = None) -> list[PeerStop]:
+def peers_to_stop(par: Parallelism, pods: list[PodView], indexes: ByIndex | None = None) -> list[PeerStop]:
     """`indexes`: by_index(pods), when the caller has it already."""
     k = pods_per_world(par)
     if k == 1:
