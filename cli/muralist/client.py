@@ -7,7 +7,6 @@ inside a cluster). Jobs go in checked by `muralist validate`'s rules; statuses c
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,9 +36,7 @@ HTTP_CONFLICT = 409
 def connect(kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> tuple[Any, str]:
     """A kubernetes ApiClient and its default namespace: from `kubeconfig` (else $KUBECONFIG or
     ~/.kube/config) and `context`, or, where there is no kubeconfig, the pod's in-cluster config."""
-    from kubernetes import client
-
-    config: Any = importlib.import_module("kubernetes.config")  # untyped: its calls are Any
+    from kubernetes import client, config
     try:
         contexts, active = config.list_kube_config_contexts(config_file=str(kubeconfig) if kubeconfig else None)
     except config.ConfigException as no_kubeconfig:

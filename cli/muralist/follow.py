@@ -9,7 +9,6 @@ watch is bounded by what is left of the caller's timeout, so no wait outlives it
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,9 +39,8 @@ def follow(custom: Any, namespace: str, name: str, timeout: float | None = None)
     passed (carrying the last status), JobDeleted if the job goes away, and the client's
     ApiException for anything else (404 when there is no such job).
     """
+    from kubernetes import watch
     from kubernetes.client.exceptions import ApiException
-
-    watch: Any = importlib.import_module("kubernetes.watch")  # untyped: its calls are Any
 
     deadline = None if timeout is None else time.monotonic() + timeout
     obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
