@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from muralist_api.contract import PermanentFailure
+from muralist_api.contract.output_folder import JobRecord
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime.outputs import layouts, merge, shards, temps
 from muralist_runtime.outputs.writer import JobFile, atomic_write_text
@@ -332,7 +333,8 @@ def test_job_json_and_mixing_refused(tmp_path: Path) -> None:
     assert job["world"] == {"worldSize": 2} and job["spec"]["outputDir"] == str(tmp_path)
     assert job["versions"]["diffusers"] and job["digestVersion"] == 2
     recorded, trust = JobFile(runtime(tmp_path)).check_existing()  # same parameters: resume
-    assert recorded == job and trust.legacy
+    assert recorded is not None and trust.legacy
+    assert recorded.model_dump(by_alias=True, mode="json", exclude_unset=True) == job
     # Other settings of the same job: items are kept by their request digests, records of older versions not.
     assert JobFile(runtime(tmp_path, steps=3)).check_existing()[1].legacy is False
     other = runtime(tmp_path).model_copy(update={"name": "x"})
@@ -359,7 +361,8 @@ def test_an_output_folder_of_an_older_version_resumes(tmp_path: Path) -> None:
 
 def test_digest_covers_pixels_only_and_ignores_defaults() -> None:
     from muralist_api.contract.resume import recorded_digest, spec_digest
-    from muralist_api.options import Adapter, CacheSpec
+    from muralist_api.options import Adapter
+    from muralist_api.step_cache import CacheSpec
 
     base = runtime(Path("/o")).spec
     same = [base.model_copy(update={"generation": base.generation.model_copy(update=change)})
@@ -372,10 +375,10 @@ def test_digest_covers_pixels_only_and_ignores_defaults() -> None:
     cached = base.model_copy(update={"generation": base.generation.model_copy(
         update={"cache": CacheSpec(type="TaylorSeer")})})
     assert spec_digest(cached) != spec_digest(base), "a step cache changes pixels"
-    assert recorded_digest({"digestVersion": 2, "specDigest": "x"}) == "x"
+    assert recorded_digest(JobRecord(digest_version=2, spec_digest="x")) == "x"
     newer = legacy_job_json(runtime(Path("/o")), ())
     newer["spec"]["spec"]["generation"]["someFutureField"] = 1
-    assert recorded_digest(newer) is None, "fields this version does not know may change pixels"
+    assert recorded_digest(JobRecord.model_validate(newer)) is None, "unknown fields may change pixels"
 
 
 # -- the background writer ---------------------------------------------------------------------
