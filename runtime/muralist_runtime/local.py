@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract.output_folder import GALLERY_ENTRY
@@ -135,13 +136,13 @@ def prompts_file_for(job: DiffusionJob, manifest: ManifestFile, given: str | Non
     return str(path)
 
 
-def volume_dir(volume: dict | None, given: str | None, field: str, option: str) -> str | None:
+def volume_dir(volume: dict[str, Any] | None, given: str | None, field: str, option: str) -> str | None:
     """The local folder standing in for a read-only volume: the option, or a hostPath's path."""
     if volume is None:
         return None
     if given:
         return str(Path(given).resolve())
-    host_path = (volume.get("hostPath") or {}).get("path")
+    host_path: str | None = (volume.get("hostPath") or {}).get("path")
     if host_path:
         return host_path
     raise ValidationProblem([f"{field}: is not a hostPath, so this machine cannot mount it; pass {option} DIR "

@@ -117,7 +117,7 @@ def _input_kwargs(accepted: Any, runtime: RuntimeSpec, batch: Sequence[Item],
         # and width say: minutes per image where the job asked for seconds.
         out.update(_auto_resize=False, max_area=gen.height * gen.width)
     for field, param in (("image", "image"), ("mask", "mask_image")):
-        images = [loaded.get(field) for loaded in inputs]
+        images: list[Any] = [loaded.get(field) for loaded in inputs]
         if all(image is None for image in images):
             continue
         if kontext and field == "image":

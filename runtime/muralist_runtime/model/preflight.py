@@ -71,9 +71,10 @@ def read_json(source: str, filename: str, subfolder: str = "", revision: str | N
         except Exception as e:  # gated or private without a token, a network error, a bad revision...
             raise ConfigUnreadable(f"{name}: {_error(e)}") from e
     try:
-        return json.loads(path.read_text())
+        config: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigUnreadable(f"{name}: {_error(e)}") from e
+    return config
 
 
 def _error(e: BaseException) -> str:

@@ -108,12 +108,12 @@ def cpu_device_shim(gpu: bool) -> Iterator[None]:
     import torch
 
     saved_count, saved_get = torch.accelerator.device_count, torch._C._get_accelerator
-    torch.accelerator.device_count = lambda: 1  # type: ignore[assignment]
+    torch.accelerator.device_count = lambda: 1
     torch._C._get_accelerator = lambda: torch.device("cpu")
     try:
         yield
     finally:
-        torch.accelerator.device_count = saved_count  # type: ignore[assignment]
+        torch.accelerator.device_count = saved_count
         torch._C._get_accelerator = saved_get
 
 

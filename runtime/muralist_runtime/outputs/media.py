@@ -63,9 +63,11 @@ def frames_to_uint8(frames: Any) -> np.ndarray:
     if len(array) == 0:
         raise ValueError("a video needs at least one frame")
     if array.dtype == np.uint8:
-        return np.ascontiguousarray(array)
+        contiguous: np.ndarray = np.ascontiguousarray(array)
+        return contiguous
     if np.issubdtype(array.dtype, np.floating):
-        return (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
+        scaled: np.ndarray = (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
+        return scaled
     raise ValueError(f"video frames must be uint8 or float in [0, 1], got {array.dtype}")
 
 
@@ -139,7 +141,8 @@ def decode_video(data: bytes, fmt: str, fps: float | None = None) -> np.ndarray:
 
         with av.open(io.BytesIO(data), mode="r", format="mp4") as container:
             decoded = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
-        return np.stack(decoded)
+        video: np.ndarray = np.stack(decoded)
+        return video
 
     from PIL import Image, ImageSequence
 
@@ -151,7 +154,8 @@ def decode_video(data: bytes, fmt: str, fps: float | None = None) -> np.ndarray:
             if fps is not None and frame.info.get("duration"):
                 repeat = max(1, round(frame.info["duration"] * fps / 1000))
             out += [pixels] * repeat
-    return np.stack(out)
+    frames: np.ndarray = np.stack(out)
+    return frames
 
 
 def video_info(fmt: str) -> dict[str, str]:

@@ -62,6 +62,7 @@ def changed(runtime: RuntimeSpec, item: Item, entry: Mapping[str, Any], trust: F
 
 
 def _changed_inputs(entry: Mapping[str, Any], shas: Mapping[str, inputs.InputSha]) -> list[str]:
-    before = entry.get("inputs") if isinstance(entry.get("inputs"), dict) else {}
+    found = entry.get("inputs")
+    before: dict[str, Any] = found if isinstance(found, dict) else {}
     return [f"inputs.{field}" for field, sha in shas.items()
             if not isinstance(before.get(field), dict) or before[field].get("sha256") != sha.sha256]

@@ -209,4 +209,5 @@ def read_index(path: Path) -> list[dict[str, Any]]:
     """The whole index as dicts: for tests and small jobs (a big index: pyarrow.parquet directly)."""
     import pyarrow.parquet as pq
 
-    return pq.read_table(path).to_pylist()
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    return rows

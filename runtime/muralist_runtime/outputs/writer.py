@@ -267,7 +267,10 @@ class BackgroundWriter:
                 for _ in self._threads:
                     self._wait(lambda timeout: _put(self._queue, _STOP, timeout), "the writer threads to stop")
                 for t in self._threads:
-                    self._wait(lambda timeout, t=t: not _join(t, timeout), "the writer threads to finish")
+                    def finished(timeout: float, thread: threading.Thread = t) -> bool:
+                        return not _join(thread, timeout)
+
+                    self._wait(finished, "the writer threads to finish")
             except WriteStalled as e:
                 stalled = e
         if raise_error:

@@ -124,10 +124,10 @@ def delegate(module: str = "muralist_runtime") -> None:
         os._exit(1)  # the zygote died: the child goes with this process (its pipe closes)
     if "exit" in status:
         os._exit(int(status["exit"]))
-    signum = int(status["signal"])
+    killed_by = int(status["signal"])
     with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
-        signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+        signal.signal(killed_by, signal.SIG_DFL)
+    os.kill(os.getpid(), killed_by)
     os._exit(128 + signum)
 
 
@@ -204,7 +204,8 @@ def serve(path: str, warm: bool = True, modules: list[str] | None = None) -> Non
     children: dict[int, socket.socket] = {}
     print("ready", flush=True)
     while os.getppid() == parent:  # the test worker is gone: so is its zygote
-        readable, _, _ = select.select([listener, wake_r], [], [], 1.0)
+        watched: list[socket.socket | int] = [listener, wake_r]
+        readable, _, _ = select.select(watched, [], [], 1.0)
         if wake_r in readable:
             os.read(wake_r, 4096)
         while children:

@@ -167,7 +167,7 @@ class DistributedWorld:
 def has_gpu() -> bool:
     import torch
 
-    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+    return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
 
 
 def uses_gpu(parallelism: Parallelism) -> bool:

@@ -57,7 +57,7 @@ def detect(path: str | os.PathLike[str] | RemotePath, fmt: str = "auto") -> tupl
         if unknown := [n for n, k in kinds.items() if k is None]:
             raise SourceError(f"{p}: cannot tell the format of {unknown[:5]} (known extensions: "
                               f"{', '.join(EXTENSIONS)}); rename them or set the format explicitly")
-        if len(found := set(kinds.values())) > 1:
+        if len(found := {k for k in kinds.values() if k is not None}) > 1:
             raise SourceError(f"{p}: mixed formats {sorted(found)} in one folder; put each format in its own "
                               "folder, one source per folder")
         return found.pop(), entries

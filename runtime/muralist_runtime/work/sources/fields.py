@@ -140,7 +140,7 @@ def _seed(value: Any) -> int | None:
         raise _Invalid(f"seed is a {type(value).__name__}, not an integer")
     if not 0 <= value <= SEED_MAX:
         raise _Invalid(f"seed {value} is outside 0..2^63-1")
-    return value
+    return int(value)
 
 
 def _strength(value: Any) -> float | None:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .errors import MissingColumn, SourceError
 from .fields import Record, _Bad
@@ -39,6 +39,7 @@ SCHEMA_ROWS = 100
 # boundary never pairs lines of two chunks.
 _BLANK_AFTER_NEWLINE = re.compile(rb"\n[ \t\r\f\v]*(?=\n)")
 _BLANK_FIRST = re.compile(rb"[ \t\r\f\v]*\n")
+T = TypeVar("T")
 
 
 class _Reader(Protocol):
@@ -67,7 +68,7 @@ class _LineReader:
     before their row instead of the file from its start (a bucket's object by range).
     """
 
-    def __init__(self, path: Path, kind: str, prompt_key: str, needed: list[str] | None = None,
+    def __init__(self, path: Path | RemotePath, kind: str, prompt_key: str, needed: list[str] | None = None,
                  at: tuple[int, int] = (0, 0), marks: dict[int, int] | None = None):
         self.path = path
         self.kind = kind
@@ -185,7 +186,7 @@ class _LineReader:
 class _CsvReader:
     """CSV with a header row; fields stay strings until _make_row converts them."""
 
-    def __init__(self, path: Path, needed: list[str]):
+    def __init__(self, path: Path | RemotePath, needed: list[str]):
         self.path = path
         self.f = path.open("r", encoding="utf-8-sig", newline="")  # closed by close()
         self.reader = csv.reader(self.f)
@@ -200,7 +201,7 @@ class _CsvReader:
             self.f.close()
             raise MissingColumn(path, missing[0], header)
 
-    def _guard(self, fn: Any) -> Any:
+    def _guard(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except csv.Error as e:
@@ -262,7 +263,7 @@ def _records(table: Any) -> list[Record]:
 class _ParquetReader(_BatchReader):
     """Reads only the mapped columns, from the row group holding the cursor onward."""
 
-    def __init__(self, path: Path, needed: list[str], batch_rows: int):
+    def __init__(self, path: Path | RemotePath, needed: list[str], batch_rows: int):
         super().__init__()
         import pyarrow.parquet as pq
 

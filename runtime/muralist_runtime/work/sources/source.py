@@ -160,9 +160,10 @@ class RowSource:
     def _next_file(self, cursor: _Cursor, target: int = 0) -> _Cursor | None:
         """Close the cursor's file (its row count is now known) and open the next one needed."""
         cursor.reader.close()
-        if self._counts[cursor.file] is None:
-            self._counts[cursor.file] = cursor.pos - cursor.base
-        return self._first_cursor(cursor.file + 1, cursor.base + self._counts[cursor.file], target)
+        count = self._counts[cursor.file]
+        if count is None:
+            count = self._counts[cursor.file] = cursor.pos - cursor.base
+        return self._first_cursor(cursor.file + 1, cursor.base + count, target)
 
     def _first_cursor(self, file: int, base: int, target: int) -> _Cursor | None:
         # Files whose counts are known and end before the target are not opened at all.
