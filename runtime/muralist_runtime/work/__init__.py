@@ -1,3 +1,3 @@
 """The work of a pod's run: the job's rows (sources/, rows) and their items' input images as bytes (inputs),
-cut into chunks that groups claim from a shared counter (chunks, claims), and the rules by which failed items
-fail the job (item_failures)."""
+cut into chunks that groups claim from a shared counter (chunks, claims) kept by the claim store of this world
+(store), and the rules by which failed items fail the job (item_failures)."""

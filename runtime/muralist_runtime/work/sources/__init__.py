@@ -1,7 +1,7 @@
 """Streaming row readers for dataset-scale jobs: JSON Lines, CSV, Parquet, text, saved HF datasets.
 
 A job of 10^5-10^7 items never fits one rank's memory as a list, and ranks do not take fixed
-shards: they claim chunks from an ever-increasing shared counter (claims.py), so one rank asks
+shards: they claim chunks from an ever-increasing shared counter (work/claims), so one rank asks
 for ranges whose `begin` only grows. `RowSource` is built for that access pattern: it keeps a
 cursor and skips forward without decoding the skipped rows (a byte scan for text and JSON
 Lines, whole row groups from the metadata for Parquet, an O(1) slice for a saved dataset), and
