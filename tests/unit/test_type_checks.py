@@ -1,4 +1,4 @@
-"""mypy (hack/checks.sh types) checks every module of the API, the operator and the runtime strictly: a
+"""mypy (hack/checks.sh types) checks every module of the API, the operator, the runtime and the client strictly: a
 package is in [tool.mypy]'s `files` whole, so a new module is checked the day it is added, and the runtime's
 parallel strategies are held to their Protocol (model/strategies.py's REGISTRY) like everything else."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.paths import REPO
 
-STRICT = ["api/muralist_api", "operator/muralist_operator", "runtime/muralist_runtime"]
+STRICT = ["api/muralist_api", "operator/muralist_operator", "runtime/muralist_runtime", "cli/muralist"]
 
 
 def mypy_config() -> dict:
