@@ -1,6 +1,11 @@
 """kopf's side of the operator: the indexes it keeps of our children and the triggers that run
 the Reconciler (reconciler.py) for a job.
 
+The Reconciler is the operator's state: main.py makes it and hands it to `kopf.run` in kopf's
+`memo`, and every handler here takes it from there (`reconciler_of`). Each index is registered
+under its name in indexes.Index (the handler's id), which is the name kopf hands it to every
+handler by, and the name the reconciler reads it by.
+
 Children are watched by label (the API server sends only objects labelled as a job's) and indexed
 by their controller (the owner reference with `controller: true`): a Job by its DiffusionJob, a
 pod by its Job (named as its DiffusionJob). An object that is labelled as a job's and not owned by
@@ -18,20 +23,21 @@ from typing import Any
 import kopf
 from muralist_api.job import GROUP, KIND, PLURAL, VERSION
 
+from muralist_operator.indexes import Index, Key
 from muralist_operator.naming import LABEL_COMPONENT, LABEL_JOB
 from muralist_operator.observe import child_view, controller_name, job_view, owner_of, pod_view
 from muralist_operator.progress.auth import PodInfo, pod_info
-from muralist_operator.reconciler import Key, Reconciler, RenderFailure
+from muralist_operator.reconciler import Reconciler
 
-__all__ = ["RECONCILER", "Reconciler", "RenderFailure", "reconciler"]
-
-RECONCILER: Reconciler | None = None
+MEMO_RECONCILER = "reconciler"
 
 
-def reconciler() -> Reconciler:
-    if RECONCILER is None:
-        raise RuntimeError("the operator has not started")
-    return RECONCILER
+def reconciler_of(memo: kopf.Memo) -> Reconciler:
+    """The Reconciler main.py put in kopf's memo."""
+    reconciler = memo.get(MEMO_RECONCILER)
+    if not isinstance(reconciler, Reconciler):
+        raise RuntimeError("the operator has not started: kopf's memo holds no Reconciler")
+    return reconciler
 
 
 # -- indexes: what the operator knows about children, kept current by kopf's watches
@@ -39,7 +45,7 @@ def reconciler() -> Reconciler:
 # object watched here is namespaced, hence the ignores on the decorators)
 
 
-@kopf.index(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
+@kopf.index(GROUP, VERSION, PLURAL, id=Index.DIFFUSION_JOBS)  # type: ignore[arg-type]
 def muralist_diffusionjobs(namespace: str, name: str, **_: Any) -> dict[Key, bool]:
     return {(namespace, name): True}
 
@@ -49,33 +55,36 @@ def _by_controller(namespace: str, body: kopf.Body, kind: str, view: Any) -> dic
     return {(namespace, owner): view(body)} if owner else {}
 
 
-@kopf.index("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+@kopf.index("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT}, id=Index.JOBS)  # type: ignore[arg-type]
 def muralist_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
     return _by_controller(namespace, body, KIND, job_view)
 
 
-@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})  # type: ignore[arg-type]
+@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"},  # type: ignore[arg-type]
+            id=Index.PODS)
 def muralist_pods(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
     return _by_controller(namespace, body, "Job", pod_view)
 
 
 # What a job owns besides its Job: each is created again when it is gone.
-@kopf.index("", "v1", "services", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+@kopf.index("", "v1", "services", labels={LABEL_JOB: kopf.PRESENT}, id=Index.SERVICES)  # type: ignore[arg-type]
 def muralist_services(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
     return _by_controller(namespace, body, KIND, child_view)
 
 
-@kopf.index("", "v1", "configmaps", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+@kopf.index("", "v1", "configmaps", labels={LABEL_JOB: kopf.PRESENT}, id=Index.CONFIG_MAPS)  # type: ignore[arg-type]
 def muralist_config_maps(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
     return _by_controller(namespace, body, KIND, child_view)
 
 
-@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels={LABEL_JOB: kopf.PRESENT},  # type: ignore[arg-type]
+            id=Index.NETWORK_POLICIES)
 def muralist_network_policies(namespace: str, body: kopf.Body, **_: Any) -> dict[Key, Any]:
     return _by_controller(namespace, body, KIND, child_view)
 
 
-@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})  # type: ignore[arg-type]
+@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"},  # type: ignore[arg-type]
+            id=Index.POD_INFO)
 def muralist_pod_info(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Key, PodInfo]:
     """By pod name: who may post progress (progress/auth.py checks a token's pod against it)."""
     return {(namespace, name): pod_info(body)}
@@ -85,9 +94,10 @@ def muralist_pod_info(namespace: str, name: str, body: kopf.Body, **_: Any) -> d
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
-def diffusion_job_event(namespace: str, name: str, type: str | None, body: kopf.Body, **kwargs: Any) -> None:
-    r = reconciler()
-    r.remember_indexes(kwargs)
+def diffusion_job_event(namespace: str, name: str, type: str | None, body: kopf.Body, memo: kopf.Memo,
+                        **kwargs: Any) -> None:
+    r = reconciler_of(memo)
+    r.indexes.remember(kwargs)
     if type == "DELETED":
         r.forget((namespace, name))
         return
@@ -96,34 +106,34 @@ def diffusion_job_event(namespace: str, name: str, type: str | None, body: kopf.
         r.reconcile(namespace, name)
 
 
-def _child_event(namespace: str, body: kopf.Body, kwargs: dict[str, Any]) -> None:
+def _child_event(namespace: str, body: kopf.Body, memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     owner = owner_of(body)  # the label: an object that only claims to be a job's costs a reconcile, no more
     if owner:
-        r = reconciler()
-        r.remember_indexes(kwargs)
+        r = reconciler_of(memo)
+        r.indexes.remember(kwargs)
         r.reconcile(namespace, owner)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
-def job_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
-    _child_event(namespace, body, kwargs)
+def job_event(namespace: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    _child_event(namespace, body, memo, kwargs)
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT, LABEL_COMPONENT: "worker"})  # type: ignore[arg-type]
-def pod_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
-    _child_event(namespace, body, kwargs)
+def pod_event(namespace: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    _child_event(namespace, body, memo, kwargs)
 
 
 @kopf.on.event("", "v1", "services", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
-def service_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
-    _child_event(namespace, body, kwargs)
+def service_event(namespace: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    _child_event(namespace, body, memo, kwargs)
 
 
 @kopf.on.event("", "v1", "configmaps", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
-def config_map_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
-    _child_event(namespace, body, kwargs)
+def config_map_event(namespace: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    _child_event(namespace, body, memo, kwargs)
 
 
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels={LABEL_JOB: kopf.PRESENT})  # type: ignore[arg-type]
-def network_policy_event(namespace: str, body: kopf.Body, **kwargs: Any) -> None:
-    _child_event(namespace, body, kwargs)
+def network_policy_event(namespace: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    _child_event(namespace, body, memo, kwargs)

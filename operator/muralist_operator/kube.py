@@ -32,6 +32,11 @@ from muralist_operator.observe import STOPPED_ANNOTATION, WarningEvent, controll
 
 log = logging.getLogger("muralist.operator")
 
+# What a call raises when the API server refuses it (ApiException) or cannot be reached in time
+# (urllib3's errors, OSError): for callers that say so in one line and try again later, without
+# importing the kubernetes client themselves (only this module does: import-linter checks it).
+CALL_FAILED: tuple[type[Exception], ...] = (ApiException, HTTPError, OSError)
+
 # (connect, read) seconds: the read timeout bounds each wait for bytes of an answer. The API
 # server answers our calls in milliseconds, and gives up on its own after 60 s; a connection
 # that says nothing for REQUEST_TIMEOUT[1] is dead (an API server gone, a load balancer that

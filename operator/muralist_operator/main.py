@@ -1,5 +1,10 @@
 """`muralist operator`: wire settings, the reconciler, the progress endpoint, metrics and the
-clock, then run kopf."""
+clock, then run kopf.
+
+What the operator keeps goes to kopf in its `memo`: the Reconciler (which the handlers of
+handlers.py read it from) and the `OperatorThreads` beside kopf's watches (the clock, the progress
+endpoint, metrics), which kopf's startup handlers start once the operator runs and its cleanup
+handler stops. kopf's own settings are set by a startup handler too (`configure`)."""
 
 from __future__ import annotations
 
@@ -12,13 +17,16 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kopf
 from muralist_api.contract import MURALIST_RUNTIME_IMAGE
 
-from muralist_operator import handlers, metrics
+from muralist_operator import metrics
+from muralist_operator.clock import Clock
+from muralist_operator.handlers import MEMO_RECONCILER, reconciler_of
 from muralist_operator.kube import Kube, load_config
 from muralist_operator.naming import LABEL_JOB
 from muralist_operator.peering import Peering
@@ -27,6 +35,7 @@ from muralist_operator.progress.auth import TokenVerifier
 from muralist_operator.progress.connections import Limits
 from muralist_operator.progress.server import ProgressServer
 from muralist_operator.progress.tls import TlsMaterial, ensure_certificate, read_mounted
+from muralist_operator.reconciler import Reconciler
 from muralist_operator.settings import OperatorSettings
 
 log = logging.getLogger("muralist.operator")
@@ -36,6 +45,7 @@ SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespac
 # Service selects it, so posts reach the replica that reconciles.
 ACTIVE_LABEL = "muralist.dev/progress-active"
 TLS_CHECK_SECONDS = {"secret": 3600.0, "mounted": 60.0}
+MEMO_THREADS = "threads"
 
 
 def settings_from(args: argparse.Namespace) -> OperatorSettings:
@@ -73,7 +83,7 @@ def own_identity() -> str:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     # We post our own Events (one per transition); kopf's would repeat handler log lines.
     settings.posting.enabled = False
     # Sync handlers wait on the API server most of the time: with hundreds of jobs created at
@@ -94,8 +104,18 @@ def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     # reach this process (the handlers' own label filters stay, as a second line).
     settings.watching.label_selectors["batch", "v1", "jobs"] = LABEL_JOB
     settings.watching.label_selectors["", "v1", "pods"] = LABEL_JOB
-    if handlers.RECONCILER is not None:
-        handlers.RECONCILER.remember_indexes(kwargs, listed=False)
+    reconciler_of(memo).indexes.remember(kwargs, listed=False)
+
+
+# A thread that cannot start (the progress port taken) stops the operator, as any failed start does.
+@kopf.on.startup(errors=kopf.ErrorsMode.PERMANENT)
+def start_threads(memo: kopf.Memo, **_: Any) -> None:
+    threads_of(memo).start()
+
+
+@kopf.on.cleanup()
+def stop_threads(memo: kopf.Memo, **_: Any) -> None:
+    threads_of(memo).stop()
 
 
 class ProgressEndpoint:
@@ -123,7 +143,7 @@ class ProgressEndpoint:
         ca = self.tls.ca_pem.decode() if self.tls.ca_pem else None
         return dataclasses.replace(base, progress_url=self.url, progress_ca=ca)
 
-    def start(self, reconciler: handlers.Reconciler, is_active: Any) -> None:
+    def start(self, reconciler: Reconciler, is_active: Callable[[], bool]) -> None:
         verifier = TokenVerifier(self.kube.authentication, reconciler.pod_lookup, reconciler.workers_uid)
         self.server = ProgressServer(
             verifier, reconciler.on_report, self.tls, host="0.0.0.0", port=self.args.progress_port,
@@ -134,7 +154,7 @@ class ProgressEndpoint:
         ).start()
         log.info("progress endpoint on port %d; pods post to %s", self.server.port, self.url)
 
-    def renew(self, reconciler: handlers.Reconciler) -> None:
+    def renew(self, reconciler: Reconciler) -> None:
         """A chore of the clock thread: pick up a renewed certificate (and CA, for new jobs)."""
         if time.monotonic() - self._checked < TLS_CHECK_SECONDS[self.mode]:
             return
@@ -147,6 +167,47 @@ class ProgressEndpoint:
         if self.server is not None:
             self.server.update_tls(material)
         reconciler.settings = self.settings(reconciler.settings)
+
+
+class OperatorThreads:
+    """What runs beside kopf's watches: the progress endpoint, the metrics endpoint and the clock
+    thread, whose chores keep the peering verdict and the progress certificate fresh."""
+
+    def __init__(self, reconciler: Reconciler, clock: Clock, progress: ProgressEndpoint | None,
+                 peering: Peering, metrics_port: int = 0) -> None:
+        self.reconciler, self.clock, self.progress, self.peering = reconciler, clock, progress, peering
+        self.metrics_port = metrics_port
+        self._stop = threading.Event()
+        self._clock_thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        reconciler, progress, peering = self.reconciler, self.progress, self.peering
+        if progress is not None and progress.server is None:
+            progress.start(reconciler, is_active=lambda: peering.active() and reconciler.listed)
+        if self.metrics_port:
+            server = progress.server if progress is not None else None
+            metrics.serve(self.metrics_port, reconciler.aggregator, (lambda: server.responses) if server else None,
+                          is_active=peering.active)
+            self.metrics_port = 0  # served from here on (the server lives as long as the process)
+        if self._clock_thread is None:
+            self._clock_thread = threading.Thread(target=self.clock.run, args=(self._stop,), name="muralist-clock",
+                                                  daemon=True)
+            self._clock_thread.start()
+
+    def stop(self) -> None:
+        """Idempotent: kopf's cleanup calls it, and run_operator once kopf has returned."""
+        self._stop.set()
+        self.reconciler.wake.set()
+        if self.progress is not None and self.progress.server is not None:
+            self.progress.server.stop()
+            self.progress.server = None
+
+
+def threads_of(memo: kopf.Memo) -> OperatorThreads:
+    threads = memo.get(MEMO_THREADS)
+    if not isinstance(threads, OperatorThreads):
+        raise RuntimeError("kopf's memo holds no OperatorThreads: start the operator with run_operator")
+    return threads
 
 
 def run_operator(args: argparse.Namespace) -> int:
@@ -170,32 +231,28 @@ def run_operator(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     progress = ProgressEndpoint(args, kube, namespace) if args.progress_port else None
     settings = progress.settings(settings) if progress else dataclasses.replace(settings, progress_url=None)
-    reconciler = handlers.RECONCILER = handlers.Reconciler(kube, settings, Aggregator(), is_active=peering.active)
+    reconciler = Reconciler(kube, settings, Aggregator(), is_active=peering.active)
+    clock = Clock(reconciler)
+
     def peering_chore() -> None:
         if peering.due():
             peering.check()
 
-    reconciler.chores.append(peering_chore)
+    clock.chores.append(peering_chore)
     if progress is not None:
-        progress.start(reconciler, is_active=lambda: peering.active() and reconciler.listed)
-        reconciler.chores.append(lambda: progress.renew(reconciler))
+        clock.chores.append(lambda: progress.renew(reconciler))
     if args.progress_active_label:
         pod = os.environ.get("POD_ID")
         if not pod:
             raise SystemExit("--progress-active-label needs POD_ID (the operator's pod name, from the downward API)")
+
         def mark(active: bool) -> None:
             kube.label_pod(namespace, pod, {ACTIVE_LABEL: "true" if active else None})
 
         peering.listeners.append(mark)
         if peering.standalone:
             mark(True)
-    if args.metrics_port:
-        server = progress.server if progress is not None else None
-        metrics.serve(args.metrics_port, reconciler.aggregator, (lambda: server.responses) if server else None,
-                      is_active=peering.active)
-    stop = threading.Event()
-    clock = threading.Thread(target=reconciler.run_clock, args=(stop,), name="muralist-clock", daemon=True)
-    clock.start()
+    threads = OperatorThreads(reconciler, clock, progress, peering, metrics_port=args.metrics_port)
     try:
         kopf.run(
             clusterwide=not namespaces,
@@ -205,11 +262,8 @@ def run_operator(args: argparse.Namespace) -> int:
             identity=identity,  # type: ignore[arg-type]
             priority=priority,
             liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+            memo=kopf.Memo({MEMO_RECONCILER: reconciler, MEMO_THREADS: threads}),
         )
     finally:
-        stop.set()
-        reconciler.wake.set()
-        if progress is not None and progress.server is not None:
-            progress.server.stop()
+        threads.stop()
     return 0
-

@@ -9,7 +9,7 @@ in-memory indexes, and the job itself from the latest body its watch or our own 
 returned (only the operator writes status, so that one is current): a reconcile costs no read,
 and the watch event that echoes our own status write costs nothing.
 
-The clock (`run_clock`) reconciles a job only when something about it moves with time alone:
+The clock (clock.py) reconciles a job only when something about it moves with time alone:
 each reconcile ends by saying when that is next (`_track`: the deadline, the TTL, when a pod
 could pass its stall timeout or the job's posts could fall silent, when a pod that has not
 started is due to be named or timed out (policies.start), any `Decision.check_again_at`, and
@@ -17,9 +17,10 @@ counts waiting for the status-write throttle), and the job waits in a priority q
 (schedule.py) until then. A finished job without a TTL is not in it at all. A reconcile that
 fails (the API server away: every call has a timeout, kube.py) is tried again with backoff. No
 sweep re-reads every job: kopf's watches resume from their last resourceVersion and list again
-when the API server no longer has it, and each object of a listing reaches the handlers. The
-clock hands its reconciles to a few worker threads, so a hung call holds one of them for its
-timeout, never the clock.
+when the API server no longer has it, and each object of a listing reaches the handlers.
+
+What a reconcile observes is gathered by observer.py; the children it creates are rendered and
+created by children.py.
 
 The job and its status are read as skew.py says: what a newer CRD or operator wrote and this one
 does not know never fails or resets a job, and a status it cannot read is kept and reported.
@@ -31,18 +32,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from muralist_api.contract.progress import ProgressReport
 from muralist_api.job import DiffusionJob
 from muralist_api.rules.problems import ValidationProblem
 from muralist_api.status import TERMINAL_PHASES, Phase
-from urllib3.exceptions import HTTPError
 
 from muralist_operator import metrics, skew
+from muralist_operator.children import ChildCreator, RenderFailure, render_for
 from muralist_operator.decision import (
     REASON_CHILD_RESTORED,
     REASON_EARLIER_JOB,
@@ -60,33 +59,24 @@ from muralist_operator.decision import (
     decide_failed,
     decide_waiting,
 )
-from muralist_operator.kube import Kube, NameHeld, NameTaken
+from muralist_operator.indexes import Index, Indexes, Key
+from muralist_operator.kube import CALL_FAILED, Kube, NameHeld, NameTaken
 from muralist_operator.lifecycle import decide
-from muralist_operator.observe import ChildView, JobView, Observed, PodView, WarningEvent, merged_progress
-from muralist_operator.policies import deadline, stall, start, ttl
+from muralist_operator.observe import JobView, Observed
+from muralist_operator.observer import Observer
+from muralist_operator.policies import deadline, stall, ttl
 from muralist_operator.progress.aggregate import Aggregator
 from muralist_operator.progress.auth import PodInfo
-from muralist_operator.render import Children, child_names, render_children
+from muralist_operator.render import Children
 from muralist_operator.schedule import Schedule, backoff
 from muralist_operator.settings import OperatorSettings
 
 log = logging.getLogger("muralist.operator")
-Key = tuple[str, str]
-# The clock thread's chores (peering, certificate renewal) run at least this often; reconciles
-# run when due, whatever this says.
-CHORE_SECONDS = 2.0
-# Reconciles the clock runs at once: a call that hangs until its timeout holds one of them.
-CLOCK_WORKERS = 4
-CREATE_GRACE_SECONDS = 10.0
 # How soon a job whose child's name an earlier job's object still holds tries again (each of their
 # deletions is an event that tries too).
 NAME_HELD_RETRY_SECONDS = 5.0
-CHILD_INDEXES = ("muralist_services", "muralist_config_maps", "muralist_network_policies")
-INDEXES = ("muralist_jobs", "muralist_pods", "muralist_pod_info", "muralist_diffusionjobs", *CHILD_INDEXES)
 
-
-class RenderFailure(Exception):
-    """The children of a valid job could not be rendered (a bug, or a limit only render sees)."""
+__all__ = ["Key", "Reconciler", "RenderFailure"]
 
 
 def _newer(rv: str | None, than: str | None) -> bool:
@@ -110,8 +100,9 @@ class Reconciler:
         self.is_active = is_active
         self._locks: dict[Key, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self.indexes: dict[str, Any] = {}
-        self.listed = False
+        self.indexes = Indexes()
+        self.observer = Observer(self.indexes, self.aggregator, kube)
+        self.creator = ChildCreator(kube)
         # The latest known body of each DiffusionJob (from its watch, or our own status write),
         # and how many triggers wait for each job's lock.
         self.bodies: dict[Key, dict[str, Any]] = {}
@@ -124,55 +115,29 @@ class Reconciler:
         # whose status write failed: their next reconcile reads them first.
         self._failures: dict[Key, int] = {}
         self._unsure: set[Key] = set()
-        # The jobs the clock is reconciling now, and whether one is due again once that is done.
-        self._clocking: dict[Key, bool] = {}
         # Jobs whose next accepted post decides something (stall.awaits_post: it clears
         # ProgressUnreachable, or shows a quiet pod stalled): that post wakes them.
         self.awaiting_post: set[Key] = set()
-        # When we last created a job's children: the index may not show the Job for a moment,
-        # and the burst of events right after a creation should not create it again.
-        self.created: dict[Key, float] = {}
-        # policies.start's clocks that begin when the operator sees something (a pod's gate lifted,
-        # an index without a pod), by job: None marks a pod seen behind its gate.
-        self.start_clocks: dict[Key, dict[str, datetime | None]] = {}
-        # The Warning events last read for a job's pods that do not start: (when, about which, what).
-        self.warnings: dict[Key, tuple[float, tuple[str, ...], dict[str, WarningEvent]]] = {}
         self.wake = self.schedule.wake  # set when a job becomes due earlier than any other
-        # Things the clock thread does besides reconciling (TLS renewal, peering checks).
-        self.chores: list[Callable[[], None]] = []
         # What was last said of a job whose status this operator cannot read (skew.py).
         self.unreadable: dict[Key, str] = {}
+
+    @property
+    def listed(self) -> bool:
+        """kopf has filled every index from its first listing (indexes.Indexes.remember)."""
+        return self.indexes.listed
 
     def _lock(self, key: Key) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def remember_indexes(self, kwargs: dict[str, Any], listed: bool = True) -> None:
-        """kopf hands its indexes to every handler. It runs the first resource handler only once
-        every index is filled from its first listing: from then on `listed` holds."""
-        for name in INDEXES:
-            if name in kwargs:
-                self.indexes[name] = kwargs[name]
-        self.listed = self.listed or listed
-
-    def _values(self, index: str, key: Any) -> list[Any]:
-        store = self.indexes.get(index)
-        if store is None:
-            return []
-        for _ in range(3):  # kopf changes its indexes on its own thread
-            try:
-                return list(store.get(key, ())) if key in store else []
-            except RuntimeError:
-                continue
-        return []
-
     # -- what the progress endpoint asks (on its own thread: memory only, never blocking) --------
 
     def job_exists(self, namespace: str, name: str) -> bool:
-        return bool(self._values("muralist_diffusionjobs", (namespace, name))) or (namespace, name) in self.known
+        return bool(self.indexes.values(Index.DIFFUSION_JOBS, (namespace, name))) or (namespace, name) in self.known
 
     def pod_lookup(self, namespace: str, name: str) -> PodInfo | None:
-        found = self._values("muralist_pod_info", (namespace, name))
+        found = self.indexes.values(Index.POD_INFO, (namespace, name))
         return found[0] if found else None
 
     def workers_uid(self, namespace: str, name: str) -> str | None:
@@ -182,7 +147,7 @@ class Reconciler:
         uid = ((body or {}).get("metadata") or {}).get("uid")
         if not uid:
             return None
-        jobs: list[JobView] = self._values("muralist_jobs", (namespace, name))
+        jobs: list[JobView] = self.indexes.values(Index.JOBS, (namespace, name))
         return next((j.uid for j in jobs if j.owner_uid == uid), None)
 
     def on_report(self, namespace: str, job: str, report: ProgressReport) -> None:
@@ -208,81 +173,7 @@ class Reconciler:
     # -- one reconcile -----------------------------------------------------------------------
 
     def observe(self, key: Key, job: DiffusionJob | None = None, now: datetime | None = None) -> Observed:
-        """The job's children as the indexes hold them: only those it owns (by uid), whatever their
-        names or labels say; the pods of its Job, with a completion index."""
-        now = now or datetime.now(UTC)
-        uid = (job.metadata.uid or "") if job is not None else ""
-        jobs: list[JobView] = [j for j in self._values("muralist_jobs", key) if j.owner_uid == uid]
-        current = jobs[0] if jobs else None
-        pods: list[PodView] = [p for p in self._values("muralist_pods", key)
-                               if current is not None and p.owner_uid == current.uid and p.index >= 0]
-        if job is not None:
-            self.aggregator.set_total(key, job.total_images)
-        for pod in pods:
-            if pod.terminal and pod.counts is not None and pod.index >= 0:
-                # The termination message is the source of truth for a finished pod's counts,
-                # whether or not its posts reached us. Built, not validated: it is no post, and
-                # an odd count in a message must not stop the reconcile.
-                c = pod.counts
-                self.aggregator.record(key, ProgressReport.model_construct(
-                    pod=pod.name, index=pod.index, attempt=pod.failure_count, ranks=1, completed=c.completed,
-                    skipped=c.skipped, failed=c.failed, total=c.total, rerendered=c.rerendered, last_step_time=None,
-                    last_image_time=None, sent_at=datetime.now(UTC), final=True), now=None, posted=False)
-        # Read before the snapshot: a report landing in between is then written again, not lost.
-        changes = self.aggregator.changes(key)
-        clocks = self._start_clocks(key, current, pods, now)
-        found = start.waiting(pods, current, {}, clocks, now)
-        owned: frozenset[tuple[str, str]] | None = None
-        if job is not None and all(name in self.indexes for name in CHILD_INDEXES):
-            views: list[ChildView] = [c for name in CHILD_INDEXES for c in self._values(name, key)]
-            owned = frozenset((c.kind, c.name) for c in views if c.owner_uid == uid)
-        progress = merged_progress(self.aggregator.snapshot(key), pods)
-        return Observed(job=current, pods=pods, progress=progress, progress_changes=changes,
-                        events=self._warning_events(key, start.event_subjects(found, now)), start_clocks=clocks,
-                        children=owned,
-                        expected_children=child_names(job, self.settings) if job is not None else frozenset())
-
-    def _start_clocks(self, key: Key, current: JobView | None, pods: list[PodView],
-                      now: datetime) -> dict[str, datetime]:
-        """When this operator saw each pod's scheduling gate lifted (or, for a pod first seen after
-        that, its spec changed since its creation: generation past 1), and each index of the Job
-        without a pod (policies.start times them from then)."""
-        known = self.start_clocks.get(key, {})
-        kept: dict[str, datetime | None] = {}
-        for pod in pods:
-            if pod.gated:
-                kept[pod.uid] = None
-            elif pod.phase == "Pending" and (pod.uid in known or pod.generation > 1):
-                kept[pod.uid] = known.get(pod.uid) or now
-        if current is not None:
-            for index in start.missing_indexes(current, pods):
-                clock = start.index_clock(current.uid, index)
-                kept[clock] = known.get(clock) or now
-        if kept or key in self.start_clocks:
-            self.start_clocks[key] = kept
-        return {k: v for k, v in kept.items() if v is not None}
-
-    def _warning_events(self, key: Key, uids: list[str]) -> dict[str, WarningEvent]:
-        """The latest Warning event about each of `uids` (at most start.SHOWN), read again after
-        start.EVENTS_AGAIN_SECONDS or when the uids change; none while nothing waits."""
-        subjects = tuple(uids[:start.SHOWN])
-        if not subjects:
-            self.warnings.pop(key, None)
-            return {}
-        cached = self.warnings.get(key)
-        if cached is not None and cached[1] == subjects and time.monotonic() - cached[0] < start.EVENTS_AGAIN_SECONDS:
-            return cached[2]
-        found: dict[str, WarningEvent] = {}
-        for uid in subjects:
-            try:
-                event = self.kube.latest_warning(key[0], uid)
-            except Exception as e:  # what a pod waits for is worth a look, not a failed reconcile
-                log.warning("could not read the events of %s in %s: %s", uid, key[0], e)
-                continue
-            if event is not None:
-                found[uid] = event
-        self.warnings[key] = (time.monotonic(), subjects, found)
-        return found
+        return self.observer.observe(key, job, self.settings, now)
 
     def seen(self, key: Key, body: dict[str, Any]) -> bool:
         """A DiffusionJob from its watch: kept as the latest known. False when it is the echo of
@@ -347,9 +238,8 @@ class Reconciler:
         self._unsure.discard(key)
         self.schedule.drop(key)
         self._failures.pop(key, None)
-        self.created.pop(key, None)
-        self.start_clocks.pop(key, None)
-        self.warnings.pop(key, None)
+        self.creator.forget(key)
+        self.observer.forget(key)
         self.unreadable.pop(key, None)
         self.aggregator.forget(key)
         metrics.forget(key)
@@ -375,7 +265,7 @@ class Reconciler:
         children: Children | None = None
         observed: Observed | None = None
         try:
-            started = status.phase != Phase.PENDING or bool(self._values("muralist_jobs", key))
+            started = status.phase != Phase.PENDING or bool(self.indexes.values(Index.JOBS, key))
             rules: list[str] = []
             try:
                 job, unknown = skew.read_job(manifest, started)
@@ -384,7 +274,7 @@ class Reconciler:
             observed = self.observe(key, job, now)
             decision = decide(job, status, generation, observed, now)
             skew.note_unknown(decision, unknown + reading.unknown, now, generation, rules)
-            children = self._render(job, key, decision)
+            children = render_for(job, key, decision, self.settings)
         except skew.NewerSpec as e:
             job, decision = None, skew.wait_for_operator(status, generation, e, now)
         except ValidationProblem as e:
@@ -408,7 +298,7 @@ class Reconciler:
         except NameHeld as e:  # a job of this name was deleted a moment ago: create ours once its objects are gone
             decision = decide_waiting(status, generation, REASON_EARLIER_JOB, str(e), now)
             decision.check_again_at = now + timedelta(seconds=NAME_HELD_RETRY_SECONDS)
-            self.created.pop(key, None)  # their deletion's event comes before the creation grace would end
+            self.creator.forget(key)  # their deletion's event comes before the creation grace would end
             suppressed = set()
         new_status = decision.status.wire()
         changes_seen = observed.progress_changes if observed is not None else None
@@ -443,29 +333,16 @@ class Reconciler:
             self.kube.post_event(body, "Warning", skew.REASON_STATUS_UNREADABLE, message)
             self.unreadable[key] = message
 
-    def _render(self, job: DiffusionJob, key: Key, decision: Decision) -> Children | None:
-        """The children a CreateJob needs, rendered before the status is written: a job that
-        cannot be rendered fails with the reason instead of waiting for pods forever."""
-        create = next((a for a in decision.actions if isinstance(a, CreateJob | RestoreChildren)), None)
-        if create is None:
-            return None
-        deadline = create.active_deadline_seconds if isinstance(create, CreateJob) else None
-        try:
-            return render_children(job, key[0], self.settings, active_deadline_seconds=deadline)
-        except Exception as e:  # pure code: whatever it raises, retrying the same spec repeats it
-            log.exception("rendering %s/%s failed", *key)
-            raise RenderFailure(f"the operator cannot build this job's pods: {e}") from e
-
     def _act(self, owner: dict[str, Any], decision: Decision, children: Children | None) -> set[str]:
         """Carry out the actions; returns the event reasons that did not happen after all."""
         ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
         suppressed: set[str] = set()
         for action in decision.actions:
             if isinstance(action, CreateJob):
-                if children is None or not self._create_children(owner, children):
+                if children is None or not self.creator.create(owner, children):
                     suppressed.add("JobCreated")
             elif isinstance(action, RestoreChildren):
-                if children is None or not self._restore_children(owner, children, action, decision):
+                if children is None or not self.creator.restore(owner, children, action, decision):
                     suppressed.add(REASON_CHILD_RESTORED)
             elif isinstance(action, DeleteJob):
                 log.info("deleting Job %s/%s: %s", ns, name, action.reason)
@@ -483,38 +360,6 @@ class Reconciler:
                 self.kube.delete_diffusion_job(ns, name)
                 self._remember_body((ns, name), None)
         return suppressed
-
-    def _create_children(self, owner: dict[str, Any], children: Children) -> bool:
-        """True when this call created the Job (not a repeat while the index catches up)."""
-        key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
-        if time.monotonic() - self.created.get(key, -CREATE_GRACE_SECONDS) < CREATE_GRACE_SECONDS:
-            return False
-        self.created[key] = time.monotonic()
-        created_job = False
-        for child in children.all():
-            created = self.kube.create(child, owner)
-            created_job = created_job or (created and child["kind"] == "Job")
-        return created_job
-
-    def _restore_children(self, owner: dict[str, Any], children: Children, action: RestoreChildren,
-                          decision: Decision) -> bool:
-        """True when this call created one of them. Not while the indexes may not show what was
-        just created: then the job is decided again once they had the time."""
-        key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
-        grace = CREATE_GRACE_SECONDS - (time.monotonic() - self.created.get(key, -CREATE_GRACE_SECONDS))
-        if grace > 0:
-            again = datetime.now(UTC) + timedelta(seconds=grace)
-            if decision.check_again_at is None or again < decision.check_again_at:
-                decision.check_again_at = again
-            return False
-        self.created[key] = time.monotonic()
-        wanted = set(action.children)
-        restored = False
-        for child in children.all():
-            if (child["kind"], child["metadata"]["name"]) in wanted:
-                log.info("creating %s %s/%s again: it was gone", child["kind"], key[0], child["metadata"]["name"])
-                restored = self.kube.create(child, owner) or restored
-        return restored
 
     def _track(self, key: Key, job: DiffusionJob | None, decision: Decision, observed: Observed | None,
                now: datetime) -> None:
@@ -549,60 +394,9 @@ class Reconciler:
     def safe_reconcile(self, namespace: str, name: str) -> None:
         try:
             self.reconcile(namespace, name)
-        except (ApiException, HTTPError, OSError) as e:  # the API server away or refusing: one line
+        except CALL_FAILED as e:  # the API server away or refusing: one line
             when = self.schedule.when((namespace, name))
             again = f"; tried again in {max(0.0, when - time.monotonic()):.0f}s" if when is not None else ""
             log.warning("reconcile of %s/%s failed: %s%s", namespace, name, e, again)
         except Exception:  # the clock must keep ticking for every other job (this one is retried)
             log.exception("reconcile of %s/%s failed", namespace, name)
-
-    # -- the clock thread --------------------------------------------------------------------
-
-    def run_clock(self, stop: threading.Event) -> None:
-        """Reconcile each job when it is due (the schedule), on CLOCK_WORKERS threads; run the
-        chores in between. Nothing while another replica reconciles (kopf's peering pause) or
-        before kopf has listed: the jobs due meanwhile wait their turn."""
-        pool = ThreadPoolExecutor(CLOCK_WORKERS, thread_name_prefix="muralist-clock-reconcile")
-        try:
-            while not stop.is_set():
-                self._chores()
-                self.wake.clear()  # before looking: a job due earlier from now on wakes the wait below
-                ready = self.listed and self.is_active()
-                due = self.schedule.next_due() if ready else None
-                wait = CHORE_SECONDS if due is None else min(CHORE_SECONDS, due - time.monotonic())
-                if wait > 0:
-                    self.wake.wait(wait)
-                    if stop.is_set():
-                        return
-                if not (self.listed and self.is_active()):
-                    continue
-                for key in self.schedule.pop_due(time.monotonic()):
-                    self._dispatch(pool, key)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-    def _dispatch(self, pool: ThreadPoolExecutor, key: Key) -> None:
-        """Reconcile `key` on the pool; if it is being reconciled by the clock already, once more
-        after that (never two of the pool's threads on one job)."""
-        with self._locks_guard:
-            if key in self._clocking:
-                self._clocking[key] = True
-                return
-            self._clocking[key] = False
-        pool.submit(self._reconcile_due, key)
-
-    def _reconcile_due(self, key: Key) -> None:
-        while True:
-            self.safe_reconcile(*key)
-            with self._locks_guard:
-                if not self._clocking.get(key):
-                    self._clocking.pop(key, None)
-                    return
-                self._clocking[key] = False
-
-    def _chores(self) -> None:
-        for chore in self.chores:
-            try:
-                chore()
-            except Exception:
-                log.exception("a periodic task of the operator failed")

@@ -9,15 +9,20 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import kopf
 import pytest
 from muralist_api.contract import Counts
 from muralist_api.contract.progress import ProgressReport
 from muralist_api.status import DiffusionJobStatus
-from muralist_operator import handlers
+from muralist_operator import children, handlers
 from muralist_operator import reconciler as reconciler_module
+from muralist_operator.clock import Clock as ClockThread
 from muralist_operator.decision import CreateJob, Decision
+from muralist_operator.indexes import Index
+from muralist_operator.naming import LABEL_JOB
 from muralist_operator.observe import PodView
 from muralist_operator.progress.aggregate import Aggregator
+from muralist_operator.reconciler import Reconciler
 from muralist_operator.settings import OperatorSettings
 
 from tests.builders import make_job
@@ -29,13 +34,13 @@ def test_a_render_failure_becomes_a_permanent_reason(monkeypatch: pytest.MonkeyP
     def broken(*_args: object, **_kwargs: object) -> None:
         raise KeyError("volumes")
 
-    monkeypatch.setattr(reconciler_module, "render_children", broken)
-    reconciler = handlers.Reconciler(kube=None, settings=OperatorSettings())  # type: ignore[arg-type]
+    monkeypatch.setattr(children, "render_children", broken)
     decision = Decision(DiffusionJobStatus(), actions=[CreateJob(None)])
-    with pytest.raises(handlers.RenderFailure, match="cannot build this job's pods: 'volumes'"):
-        reconciler._render(make_job().job(), ("ns", "cats"), decision)
+    with pytest.raises(children.RenderFailure, match="cannot build this job's pods: 'volumes'"):
+        children.render_for(make_job().job(), ("ns", "cats"), decision, OperatorSettings())
     # Without a pod group to create, nothing is rendered.
-    assert reconciler._render(make_job().job(), ("ns", "cats"), Decision(DiffusionJobStatus())) is None
+    nothing = Decision(DiffusionJobStatus())
+    assert children.render_for(make_job().job(), ("ns", "cats"), nothing, OperatorSettings()) is None
 
 
 # -- the reconciler against a fake API: what it writes, and when
@@ -73,13 +78,13 @@ class Clock:
         return self.now
 
 
-def running_reconciler(pods: list[PodView]) -> tuple[handlers.Reconciler, FakeKube, Clock]:
+def running_reconciler(pods: list[PodView]) -> tuple[Reconciler, FakeKube, Clock]:
     body = make_job("cats").prompts(*["p"] * 10).world(nodes=2).obj()
     body["metadata"].update(namespace="ns", generation=1, resourceVersion="1")
     kube = FakeKube(body)
     clock = Clock()
-    r = handlers.Reconciler(kube, OperatorSettings(), Aggregator(clock=clock))  # type: ignore[arg-type]
-    r.indexes = {"muralist_jobs": {KEY: [job_view()]}, "muralist_pods": {KEY: pods}}
+    r = Reconciler(kube, OperatorSettings(), Aggregator(clock=clock))  # type: ignore[arg-type]
+    r.indexes.remember({Index.JOBS: {KEY: [job_view()]}, Index.PODS: {KEY: pods}}, listed=False)
     r.reconcile(*KEY)
     assert kube.body["status"]["phase"] == "Running"
     kube.patches.clear()
@@ -198,7 +203,7 @@ def started(seconds_ago: float) -> str:
     return (datetime.now(UTC) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def due_in(r: handlers.Reconciler) -> float | None:
+def due_in(r: Reconciler) -> float | None:
     when = r.schedule.when(KEY)
     return None if when is None else when - time.monotonic()
 
@@ -216,7 +221,7 @@ def test_a_running_job_with_nothing_timed_is_not_in_the_queue_and_its_deadline_i
 
 def test_a_finished_job_is_due_only_for_its_ttl() -> None:
     r, kube, _ = running_reconciler([pod(0), pod(1)])
-    r.indexes["muralist_jobs"] = {KEY: [job_view(complete=True)]}
+    r.indexes.remember({Index.JOBS: {KEY: [job_view(complete=True)]}}, listed=False)
     r.reconcile(*KEY)
     assert kube.body["status"]["phase"] == "Succeeded" and due_in(r) is None
     kube.body["spec"]["runPolicy"] = {"ttlSecondsAfterFinished": 60}
@@ -291,15 +296,15 @@ def test_a_call_that_hangs_holds_one_clock_worker_not_the_clock() -> None:
     body = make_job("cats").prompts(*["p"] * 10).world(nodes=2).obj()
     body["metadata"].update(namespace="ns", generation=1, resourceVersion="1")
     kube = TwoJobs(body)
-    r = handlers.Reconciler(kube, OperatorSettings())  # type: ignore[arg-type]
-    r.indexes = {"muralist_jobs": {("ns", n): [job_view()] for n in ("hung", "cats")}}
-    r.listed = True
+    r = Reconciler(kube, OperatorSettings())  # type: ignore[arg-type]
+    r.indexes.remember({Index.JOBS: {("ns", n): [job_view()] for n in ("hung", "cats")}})  # listed
     stop = threading.Event()
-    clock = threading.Thread(target=r.run_clock, args=(stop,), daemon=True)
+    ticking = ClockThread(r)
+    clock = threading.Thread(target=ticking.run, args=(stop,), daemon=True)
     clock.start()
     try:
         r.schedule.at(("ns", "hung"), 0.0)
-        wait_for(lambda: kube.written == [] and r._clocking, timeout=5, message="hung's write under way")
+        wait_for(lambda: kube.written == [] and ticking._clocking, timeout=5, message="hung's write under way")
         r.schedule.at(("ns", "cats"), 0.0)
         wait_for(lambda: kube.written == ["cats"], timeout=5, message="cats reconciled while hung's write hangs")
         kube.release.set()
@@ -329,3 +334,26 @@ def test_a_job_whose_posts_stopped_is_woken_by_the_next_post() -> None:
     r.reconcile(*KEY)
     cleared = [c for c in kube.body["status"]["conditions"] if c["type"] == "ProgressUnreachable"]
     assert [c["status"] for c in cleared] == ["False"] and "ProgressReceived" in kube.events
+
+
+# -- kopf's side: the indexes by one name, the reconciler from kopf's memo
+
+
+def test_every_index_kopf_keeps_is_one_the_reconciler_reads_by_the_same_name() -> None:
+    """kopf hands each index to the handlers under its handler's id; the reconciler reads it by
+    indexes.Index. A name on one side only would read as an empty index, never as an error."""
+    registered = [h.id for h in kopf.get_default_registry()._indexing.get_all_handlers()
+                  if h.fn.__module__ == handlers.__name__]
+    assert sorted(registered) == sorted(Index)
+
+
+def test_a_handler_reconciles_with_the_reconciler_in_kopfs_memo() -> None:
+    r, kube, _ = running_reconciler([pod(0), pod(1)])
+    r.forget(KEY)
+    jobs = {KEY: [job_view()]}
+    handlers.diffusion_job_event(namespace="ns", name="cats", type="MODIFIED", body=copy.deepcopy(kube.body),
+                                 memo=kopf.Memo(reconciler=r), muralist_jobs=jobs)
+    assert r.indexes.stores[Index.JOBS] is jobs and r.listed
+    assert KEY in r.known and KEY in r.bodies, "reconciled"
+    with pytest.raises(RuntimeError, match="memo holds no Reconciler"):
+        handlers.pod_event(namespace="ns", body={"metadata": {"labels": {LABEL_JOB: "cats"}}}, memo=kopf.Memo())

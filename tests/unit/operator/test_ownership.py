@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from muralist_operator import handlers
 from muralist_operator.decision import iso
+from muralist_operator.indexes import CHILD_INDEXES, Index
 from muralist_operator.kube import Kube, NameHeld, NameTaken
 from muralist_operator.observe import ChildView, ContainerExit, PodView, WarningEvent
 from muralist_operator.progress.aggregate import Aggregator
+from muralist_operator.reconciler import Reconciler
 from muralist_operator.settings import OperatorSettings
 
 from tests.builders import make_job
@@ -24,7 +25,6 @@ from tests.views import job_view, pod
 
 KEY = ("ns", "cats")
 DJ_UID, JOB_UID = "dj-uid", "job-uid"
-CHILDREN = ("muralist_services", "muralist_config_maps", "muralist_network_policies")
 
 
 class FakeKube:
@@ -67,17 +67,19 @@ class FakeKube:
 
 
 def reconciler(pods: list[PodView], jobs: list[Any] | None = None, nodes: int = 2,
-               children: list[ChildView] | None = None) -> tuple[handlers.Reconciler, FakeKube]:
+               children: list[ChildView] | None = None) -> tuple[Reconciler, FakeKube]:
     body = make_job("cats").world(nodes=nodes).obj()
     body["metadata"].update(namespace="ns", uid=DJ_UID, generation=1, resourceVersion="1")
     kube = FakeKube(body)
-    r = handlers.Reconciler(kube, OperatorSettings(), Aggregator())  # type: ignore[arg-type]
-    r.indexes = {"muralist_jobs": {KEY: jobs if jobs is not None else [ours()]}, "muralist_pods": {KEY: pods}}
+    r = Reconciler(kube, OperatorSettings(), Aggregator())  # type: ignore[arg-type]
+    stores: dict[Index, dict[Any, list[Any]]] = {Index.JOBS: {KEY: jobs if jobs is not None else [ours()]},
+                                                 Index.PODS: {KEY: pods}}
     if children is not None:
-        by_kind = {"Service": CHILDREN[0], "ConfigMap": CHILDREN[1], "NetworkPolicy": CHILDREN[2]}
-        r.indexes.update({name: {} for name in CHILDREN})
+        by_kind = {"Service": Index.SERVICES, "ConfigMap": Index.CONFIG_MAPS, "NetworkPolicy": Index.NETWORK_POLICIES}
+        stores.update({index: {} for index in CHILD_INDEXES})
         for child in children:
-            r.indexes[by_kind[child.kind]].setdefault(KEY, []).append(child)
+            stores[by_kind[child.kind]].setdefault(KEY, []).append(child)
+    r.indexes.remember(stores, listed=False)
     return r, kube
 
 
@@ -136,7 +138,7 @@ def test_a_name_an_earlier_job_of_the_same_name_still_holds_is_waited_for() -> N
     status = kube.body["status"]
     assert status["phase"] == "Pending" and ("Job", "cats") not in kube.created
     assert status["message"] == "waiting for ConfigMap cats-spec of an earlier DiffusionJob of this name to be deleted"
-    assert "JobCreated" not in kube.events and KEY not in r.created, "the next event creates it, grace or not"
+    assert "JobCreated" not in kube.events and KEY not in r.creator.created, "the next event creates it, grace or not"
     kube.held.clear()  # gone: its deletion is an event
     kube.body["metadata"]["resourceVersion"] = "50"
     assert r.seen(KEY, copy.deepcopy(kube.body))
@@ -157,7 +159,7 @@ def test_a_name_taken_while_running_stops_the_jobs_pods() -> None:
 
 def test_a_deleted_child_is_created_again_once_the_indexes_had_time() -> None:
     r, kube = reconciler([worker(0), worker(1)], children=ALL_CHILDREN[:2])
-    r.created[KEY] = 0.0  # created long ago
+    r.creator.created[KEY] = 0.0  # created long ago
     r.reconcile(*KEY)
     assert kube.created == [("NetworkPolicy", "cats")] and kube.events.count("ChildRestored") == 1
     # Right after a creation the index may not show it yet: not created twice.
@@ -198,7 +200,7 @@ def test_the_progress_endpoint_hears_only_pods_of_the_job_it_owns() -> None:
     assert r.workers_uid(*KEY) is None, "the job's body is not known yet"
     r.reconcile(*KEY)
     assert r.workers_uid(*KEY) == JOB_UID
-    r.indexes["muralist_jobs"] = {KEY: [job_view(uid="theirs", owner_uid="another-dj")]}
+    r.indexes.remember({Index.JOBS: {KEY: [job_view(uid="theirs", owner_uid="another-dj")]}})
     assert r.workers_uid(*KEY) is None
 
 
@@ -288,12 +290,12 @@ def test_a_pods_start_clock_begins_when_its_gate_is_lifted() -> None:
     r.reconcile(*KEY)
     assert "PodsNotStarting" not in [c["type"] for c in kube.body["status"]["conditions"]], "gated: not waiting"
     lifted = worker(1, "Pending", created=long_ago, waiting_reason="Unschedulable")
-    r.indexes["muralist_pods"] = {KEY: [worker(0), lifted]}
+    r.indexes.remember({Index.PODS: {KEY: [worker(0), lifted]}})
     kube.body["metadata"]["resourceVersion"] = "50"
     assert r.seen(KEY, copy.deepcopy(kube.body))
     r.reconcile(*KEY)
     assert kube.body["status"]["phase"] == "Pending", "an hour old, but its clock started just now"
-    assert "uid-1-0" in r.start_clocks[KEY]
+    assert "uid-1-0" in r.observer.start_clocks[KEY]
     waiting = next(c for c in kube.body["status"]["conditions"] if c["type"] == "PodsNotStarting")
     assert waiting["reason"] == "Unschedulable"
     # An operator started after the gate was lifted knows it from the pod's generation (its spec

@@ -11,8 +11,10 @@ import pytest
 from muralist_api.contract.versions import UnknownField, build
 from muralist_api.rules.problems import ValidationProblem
 from muralist_api.status import DiffusionJobStatus, Phase
-from muralist_operator import handlers, skew
+from muralist_operator import skew
 from muralist_operator.decision import Decision
+from muralist_operator.indexes import Index
+from muralist_operator.reconciler import Reconciler
 from muralist_operator.settings import OperatorSettings
 
 from tests.builders import make_job
@@ -115,11 +117,12 @@ class FakeKube:
         self.events.append((reason, message))
 
 
-def reconciler(body: dict[str, Any], running: bool) -> tuple[handlers.Reconciler, FakeKube]:
+def reconciler(body: dict[str, Any], running: bool) -> tuple[Reconciler, FakeKube]:
     body["metadata"].update(namespace="ns", generation=1, resourceVersion="1")
     kube = FakeKube(body)
-    r = handlers.Reconciler(kube, OperatorSettings())  # type: ignore[arg-type]
-    r.indexes = {"muralist_jobs": {KEY: [job_view()]}, "muralist_pods": {KEY: [pod(0)]}} if running else {}
+    r = Reconciler(kube, OperatorSettings())  # type: ignore[arg-type]
+    if running:
+        r.indexes.remember({Index.JOBS: {KEY: [job_view()]}, Index.PODS: {KEY: [pod(0)]}}, listed=False)
     return r, kube
 
 
