@@ -1,7 +1,8 @@
 """`muralist`: one command line for the API, the operator and the local runtime.
 
 Each subcommand imports its implementation lazily, so `muralist validate` works in the
-operator image (no torch) and `muralist run` works without kopf.
+operator image (no torch) and `muralist run` works without kopf. `submit` and `status` live in
+`jobs` (their exit codes; the Python client `muralist` does the work).
 """
 
 from __future__ import annotations
