@@ -8,7 +8,7 @@ from typing import Any
 
 from muralist_operator.decision import iso
 from muralist_operator.observe import ContainerExit, JobView, PodView
-from muralist_operator.progress.aggregate import IndexProgress, JobProgress, PostError
+from muralist_operator.progress.snapshot import IndexProgress, JobProgress, PostError
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 

@@ -32,7 +32,7 @@ from muralist_operator.decision import (
 from muralist_operator.naming import pod_selector
 from muralist_operator.observe import ByIndex, Observed, PodView, by_index
 from muralist_operator.policies import deadline, failure, resize, stall, start, suspension, ttl, world
-from muralist_operator.progress.aggregate import JobProgress
+from muralist_operator.progress.snapshot import JobProgress
 
 
 def eta_text(seconds: int | None) -> str:

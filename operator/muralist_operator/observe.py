@@ -2,7 +2,7 @@
 
 The kopf indexes store these instead of whole objects (less memory with hundreds of jobs),
 and `lifecycle.decide` reads only these, plus the job's progress as the pods pushed it
-(progress.aggregate.JobProgress). Each summary carries the uid of its controller (the owner
+(progress.snapshot.JobProgress). Each summary carries the uid of its controller (the owner
 reference with `controller: true`): a child counts only when that is the job's, whatever its
 name or labels say (`owned_by`).
 """
@@ -20,7 +20,7 @@ from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, INDEX_FAILURE_COU
 
 from muralist_operator.naming import LABEL_JOB
 from muralist_operator.pod import DISRUPTION_TARGET
-from muralist_operator.progress.aggregate import JobProgress
+from muralist_operator.progress.snapshot import JobProgress
 
 # Set by the operator on a pod it deletes ("Reason: why"): it made no progress, or a pod of its
 # world failed; so that the index's failure says why (the pod itself only shows exit code 137).

@@ -51,7 +51,7 @@ from muralist_api.job import DiffusionJobSpec
 
 from muralist_operator.decision import Transition, find_condition, iso
 from muralist_operator.observe import PodView
-from muralist_operator.progress.aggregate import JobProgress, PostError
+from muralist_operator.progress.snapshot import JobProgress, PostError
 
 GAP_MULTIPLE = 10
 CONDITION_UNREACHABLE = "ProgressUnreachable"

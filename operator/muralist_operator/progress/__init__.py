@@ -2,7 +2,7 @@
 certificate (tls), and job totals from the posts (aggregate). The body a pod posts, its path,
 audience and interval are the progress wire of the API (muralist_api.contract.progress)."""
 
-from muralist_operator.progress.aggregate import Aggregator, IndexProgress, JobKey, JobProgress, post_interval
+from muralist_operator.progress.aggregate import Aggregator, JobKey, post_interval
 from muralist_operator.progress.auth import (
     AuthVerdict,
     Identity,
@@ -14,6 +14,7 @@ from muralist_operator.progress.auth import (
     pod_info,
 )
 from muralist_operator.progress.server import ProgressServer, Verifier, client_context
+from muralist_operator.progress.snapshot import IndexProgress, JobProgress, PostError
 from muralist_operator.progress.tls import TlsMaterial, ensure_certificate, read_mounted, service_names
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "JobLookup",
     "JobProgress",
     "PodInfo",
+    "PostError",
     "ProgressServer",
     "TlsMaterial",
     "TokenVerifier",

@@ -22,10 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
-
-if TYPE_CHECKING:
-    from muralist_operator.progress.http1 import HttpConnection
+from typing import Protocol, cast
 
 log = logging.getLogger("muralist.progress.http")
 
@@ -91,14 +88,31 @@ class ConnectionPhase(enum.Enum):
     READING = "reading"  # a request has begun and is not complete
 
 
+class Connection(Protocol):
+    """What the table reads and does of a connection (an http1.HttpConnection)."""
+
+    busy: bool  # a reply is being awaited
+    authenticated: bool  # it carried an accepted post
+    phase: ConnectionPhase
+    since: float  # when `phase` (or, while waiting, the last reply) began, on `Connections.now`
+
+    def abort(self, reason: str) -> None:
+        """End it now, counting `reason`."""
+        ...
+
+    def close(self, reason: str | None = None) -> None:
+        """End it gracefully."""
+        ...
+
+
 class Connections:
     """The open connections of one server: capped, on their clocks (swept), closed on stop."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.open: dict[HttpConnection, None] = {}
+        self.open: dict[Connection, None] = {}
         # Those that have not authenticated, oldest first: the ones dropped at the cap.
-        self.unproven: dict[HttpConnection, None] = {}
+        self.unproven: dict[Connection, None] = {}
         self.seen = 0
         self.high_water = 0  # the most connections open at once since memory was last given back
         self._open_last_sweep = 0
@@ -107,7 +121,7 @@ class Connections:
         self._logged: collections.Counter[str] = collections.Counter()
         self._logged_at = -CLOSED_LOG_SECONDS
 
-    def admit(self, conn: HttpConnection) -> bool:
+    def admit(self, conn: Connection) -> bool:
         """Count a new connection in; at the cap, drop the oldest unproven idle one for it. False:
         every open connection has authenticated (or awaits a reply), the new one is refused."""
         if len(self.open) >= self.limits.max_connections:
@@ -121,10 +135,10 @@ class Connections:
         self.seen += 1
         return True
 
-    def proven(self, conn: HttpConnection) -> None:
+    def proven(self, conn: Connection) -> None:
         self.unproven.pop(conn, None)
 
-    def forget(self, conn: HttpConnection) -> None:
+    def forget(self, conn: Connection) -> None:
         self.open.pop(conn, None)
         self.unproven.pop(conn, None)
 
@@ -135,7 +149,7 @@ class Connections:
         theirs to answer for."""
         return time.monotonic() - self.held_up
 
-    def deadline(self, conn: HttpConnection) -> tuple[float, str] | None:
+    def deadline(self, conn: Connection) -> tuple[float, str] | None:
         """When this connection is to be closed, and why; None while a reply is awaited."""
         if conn.busy:
             return None

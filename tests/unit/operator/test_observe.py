@@ -97,7 +97,7 @@ def finished_pod(index: int, message: dict[str, Any]) -> dict[str, Any]:
 
 def test_once_the_first_pod_merged_the_status_counts_are_the_manifests() -> None:
     from muralist_operator.observe import merged_progress
-    from muralist_operator.progress.aggregate import JobProgress
+    from muralist_operator.progress.snapshot import JobProgress
 
     # What the pods counted while they rendered: pod 1's retry counted a chunk again, pod 0 kept one it found.
     counted = JobProgress(completed=9, failed=0, total=8, percent=100.0, images_per_second=2.0,

@@ -21,7 +21,7 @@ from muralist_operator.decision import (
 )
 from muralist_operator.observe import JobView, PodView, WarningEvent
 from muralist_operator.policies import deadline, failure, stall, start, suspension, ttl, world
-from muralist_operator.progress.aggregate import PostError
+from muralist_operator.progress.snapshot import PostError
 
 from tests.builders import make_job
 from tests.views import NOW, failed, index_progress, job_view, pod, progress
