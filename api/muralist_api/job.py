@@ -1,31 +1,77 @@
-"""The DiffusionJob API types (`muralist.dev/v1alpha1`): the single source of truth.
+"""The DiffusionJob (`muralist.dev/v1alpha1`), its spec as a whole, and the rules across the spec's sections.
 
 Pure pydantic, no torch: the operator imports this module, and so does every pod. The CRD's
 schema is generated from these models (`muralist crd`), so each field carries a description
-that `kubectl explain` shows. Rules that need several fields live in `rules/problems.py` (with
-the facts they use in the catalog: `rules/catalog.py`, `workloads.py`, `sequence.py`); the CRD's
-CEL rules that mirror them are declared here, on the field or model they guard, each naming the
-Python rule it mirrors (muralist_api/cel.py), and operator/muralist_operator/crd.py writes them
-into the CRD.
+that `kubectl explain` shows. Each section of the spec has its module: `model` (spec.model),
+`generation`, `parallelism`, `output`, `data` (prompts, promptsFrom, dataset, inputs), `pods`
+(podTemplate, runPolicy, networkPolicy), `storage` (a volume or a uri); the names most callers use
+are re-exported here (`from muralist_api.job import Parallelism` works).
+
+A rule about one section lives beside it; the rules across sections live here (`spec_problems`
+runs every rule of a spec, and DiffusionJobSpec's validator runs it, unless the validation
+context says `CROSS_FIELD_RULES: False`), with the facts they use in the rules catalog
+(`rules/catalog.py`, `workloads.py`, `sequence.py`). The CRD's CEL rules that mirror them are
+declared on the field or model they guard, each naming the Python rule it mirrors
+(muralist_api/cel.py), and operator/muralist_operator/crd.py writes them into the CRD. Parsing a
+manifest, every problem named by its field, is rules/problems.py's.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from muralist_api.base import ApiModel, KubeObject, relative_path
+from muralist_api.base import ApiModel, KubeObject, shown
 from muralist_api.cel import CelRule, cel_list, python_rule
 from muralist_api.data import Dataset, Inputs, PromptsFrom, PromptSpec
-from muralist_api.options import Adapter, SchedulerSpec
-from muralist_api.pods import KUEUE_TOPOLOGY_ANNOTATIONS, PodTemplate, RunPolicy
-from muralist_api.rules import catalog, problems
-from muralist_api.rules.catalog import ATTENTION_BACKENDS, DNS_LABEL_MAX
+from muralist_api.generation import Generation
+from muralist_api.model import ModelLoading, ModelSpec, SecretKeyRef
+from muralist_api.output import Output, output_path
+from muralist_api.parallelism import (
+    ContextParallelSpec,
+    DeviceMapSpec,
+    Parallelism,
+    Strategy,
+    TensorParallelSpec,
+    process_problems,
+    strategy_section_problems,
+)
+from muralist_api.pods import KUEUE_TOPOLOGY_ANNOTATIONS, NetworkPolicySpec, PodTemplate, RunPolicy
+from muralist_api.rules import catalog, workloads
+from muralist_api.rules.catalog import DNS_LABEL_MAX, Problem
 from muralist_api.status import DiffusionJobStatus
-from muralist_api.step_cache import CacheSpec
-from muralist_api.storage import StoredAt, location_rules
+from muralist_api.step_cache import cache_problems
+from muralist_api.storage import location_problems
+
+__all__ = [
+    "API_VERSION",
+    "CROSS_FIELD_RULES",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "VERSION",
+    "ContextParallelSpec",
+    "DeviceMapSpec",
+    "DiffusionJob",
+    "DiffusionJobSpec",
+    "Generation",
+    "ModelLoading",
+    "ModelSpec",
+    "NetworkPolicySpec",
+    "ObjectMeta",
+    "Output",
+    "Parallelism",
+    "SecretKeyRef",
+    "Strategy",
+    "TensorParallelSpec",
+    "name_problem",
+    "output_path",
+    "spec_problems",
+]
 
 GROUP = "muralist.dev"
 VERSION = "v1alpha1"
@@ -35,408 +81,174 @@ PLURAL = "diffusionjobs"
 SINGULAR = "diffusionjob"
 SHORT_NAMES = ["dj"]
 
-
-class Strategy(StrEnum):
-    DATA_PARALLEL = "DataParallel"
-    DEVICE_MAP = "DeviceMap"
-    CONTEXT_PARALLEL = "ContextParallel"
-    TENSOR_PARALLEL = "TensorParallel"
-
-
-
-
-class SecretKeyRef(ApiModel):
-    name: str = Field(min_length=1, description="Name of the Secret in the job's namespace.")
-    key: str = Field(min_length=1, description="Key inside the Secret.")
-
-
-class ModelLoading(ApiModel):
-    stage: bool = Field(
-        False,
-        description="Copy the model directory (a local path, or the hub snapshot once "
-        "downloaded) to node-local disk (MURALIST_STAGE_DIR, an emptyDir) before loading, once "
-        "per node; later restarts on that node skip the copy. Helps when the cache is a slow "
-        "network volume read by several processes.",
-    )
-    no_mmap: bool = Field(
-        False,
-        description="Read safetensors files whole instead of memory-mapping them (diffusers "
-        "disable_mmap); faster on network filesystems where mmap page faults are slow.",
-    )
-
-
-class ModelSpec(ApiModel):
-    name: str = Field(
-        min_length=1,
-        max_length=1024,
-        description=(
-            "Hugging Face hub repo id (org/name), an absolute path inside the pod, or a "
-            "built-in tiny pipeline without download, for quickstarts and tests: random weights "
-            "('muralist/tiny-flux') or trained to draw coloured shapes ('muralist/tiny-shapes-flux')."
-        ),
-    )
-    revision: str | None = Field(None, max_length=256, description="Hub revision (branch, tag or commit).")
-    dtype: Literal["float32", "float16", "bfloat16"] = Field(
-        "bfloat16", description="Weights and compute dtype: float32, float16 or bfloat16."
-    )
-    pipeline: str | None = Field(
-        None,
-        description="diffusers pipeline class (e.g. FluxPipeline); default: DiffusionPipeline "
-        "auto-detects it from model_index.json.",
-    )
-    token_secret: SecretKeyRef | None = Field(
-        None, description="Secret key holding a hub token; reaches the pod only as HF_TOKEN."
-    )
-    cache: KubeObject | None = Field(
-        None,
-        description="A Kubernetes VolumeSource mounted as the Hugging Face cache (HF_HOME), "
-        "e.g. {persistentVolumeClaim: {claimName: hf-cache}}.",
-    )
-    loading: ModelLoading | None = Field(
-        None, description="How the weights are read at start (node-local staging, mmap)."
-    )
-    adapters: list[Adapter] = Field(
-        default_factory=list, max_length=16,
-        description="LoRA adapters applied on top of the model, each with its scale (several at once).",
-    )
-    fuse_adapters: bool = Field(
-        False,
-        description="Merge the adapters into the base weights after loading (faster steps, and needed with "
-        "TensorParallel, which shards the base layers).",
-    )
-
-
-class Generation(ApiModel):
-    steps: int = Field(28, ge=1, le=1000, description="Denoising steps per image.")
-    guidance_scale: float = Field(3.5, ge=0, description="Classifier-free / distilled guidance.")
-    height: int = Field(
-        1024, ge=8, le=16384, multiple_of=8, description="Image height in pixels (multiple of 8; some models need 16)."
-    )
-    width: int = Field(
-        1024, ge=8, le=16384, multiple_of=8, description="Image width in pixels (multiple of 8; some models need 16)."
-    )
-    images_per_prompt: int = Field(1, ge=1, le=10000, description="Images rendered for each prompt.")
-    seed: int = Field(0, ge=0, description="Base seed; see the determinism rule in the docs (concepts/items.md).")
-    batch_size: int = Field(1, ge=1, le=256, description="Images per pipeline call in one data-parallel group.")
-    extra_args: KubeObject = Field(
-        default_factory=dict,
-        description="More keyword arguments for the pipeline call (e.g. max_sequence_length). Not what the spec "
-        "or an item sets (prompt, negative_prompt, generator, latents, num_inference_steps, guidance_scale, "
-        "height, width, num_frames, num_images_per_prompt, image, mask_image, strength, output_type): those are "
-        "refused, naming the field to use.",
-    )
-    vae_tiling: bool = Field(
-        False,
-        description="Decode latents tile by tile (diffusers vae.enable_tiling) so large images do not "
-        "run out of memory at the last step; every rank of a group decodes the same way.",
-    )
-    compile: bool = Field(
-        False,
-        description="torch.compile the transformer's repeated blocks (regional compile) and "
-        "warm up once before timing; GPU only (ignored with a log line on CPU). Pays minutes of "
-        "compile time at start for faster steps; worth it for long jobs at one resolution.",
-    )
-    num_frames: int | None = Field(
-        None, ge=1, le=1025,
-        description="Frames per video (video pipelines; Wan needs 4k+1, e.g. 81); default the pipeline's.",
-    )
-    fps: int = Field(16, ge=1, le=120, description="Frames per second of video outputs.")
-    scheduler: SchedulerSpec | None = Field(None, description="Another scheduler than the pipeline's own.")
-    cache: CacheSpec | None = Field(None, description="A step cache (diffusers cache hooks) for faster steps.")
-
-
-_CP_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel]
-_RING_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel and b.lse]
-_CPU_CP_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel and b.cpu]
-
-
-class ContextParallelSpec(ApiModel):
-    cel_rules = (
-        CelRule(
-            f"self.attentionBackend in {cel_list(_CP_BACKENDS)}",
-            "spec.parallelism.contextParallel.attentionBackend: not a diffusers backend that supports "
-            f"context parallelism; use one of {', '.join(_CP_BACKENDS)}",
-            mirrors=catalog.backend_problems,
-        ),
-        CelRule(
-            f"self.ringDegree == 1 || self.attentionBackend in {cel_list(_RING_BACKENDS)}",
-            "spec.parallelism.contextParallel.attentionBackend: ring attention (ringDegree > 1) "
-            f"needs a backend that returns LSE; use one of {', '.join(_RING_BACKENDS)} on GPUs, "
-            "or set ringDegree: 1",
-            mirrors=catalog.backend_problems,
-        ),
-    )
-
-    ring_degree: int = Field(
-        1, ge=1, description="Ring attention degree (needs an attention backend that returns LSE, GPU only)."
-    )
-    ulysses_degree: int = Field(1, ge=1, description="Ulysses (all-to-all) degree; attention heads must divide by it.")
-    attention_backend: str = Field(
-        "native",
-        pattern=r"^[a-z_0-9]+$",
-        max_length=64,
-        description="diffusers attention backend (native, flash, _native_cudnn, ...); ring "
-        "attention needs one that returns LSE, e.g. flash.",
-    )
-
-    @property
-    def degree(self) -> int:
-        return self.ring_degree * self.ulysses_degree
-
-
-class TensorParallelSpec(ApiModel):
-    degree: int = Field(2, ge=2, description="Tensor-parallel degree (ranks sharing each layer).")
-
-
-class DeviceMapSpec(ApiModel):
-    policy: Literal["balanced"] = Field("balanced", description="diffusers pipeline device_map policy.")
-    max_memory: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=64,
-        description="Per-device memory cap, e.g. {'0': '20GiB', '1': '20GiB'}.",
-    )
-
-
-# Processes per pod as the models resolve it (Parallelism.resolved_processes_per_node), in CEL.
-_PPN = (
-    "(has(self.processesPerNode) ? self.processesPerNode : "
-    "((self.strategy == 'DeviceMap' || self.gpusPerNode == 0) ? 1 : self.gpusPerNode))"
-)
-_CP_DEGREE = "(self.contextParallel.ringDegree * self.contextParallel.ulyssesDegree)"
-# What a resize keeps: every field of spec.parallelism but nodes (always set: they have defaults; or optional).
-_FIXED_LAYOUT = ("strategy", "gpusPerNode", "launcher", "collectiveTimeoutSeconds", "verify")
-_OPTIONAL_LAYOUT = ("processesPerNode", "contextParallel", "tensorParallel", "deviceMap")
-
-
-class Parallelism(ApiModel):
-    cel_rules = (
-        CelRule(
-            "!(has(self.contextParallel) && has(self.tensorParallel))",
-            "spec.parallelism: contextParallel and tensorParallel cannot both be set (diffusers' "
-            "ParallelConfig refuses it); keep the one that matches strategy",
-            mirrors=problems._strategy_section_problems,
-        ),
-        CelRule(
-            "!has(self.contextParallel) || self.strategy == 'ContextParallel'",
-            "spec.parallelism.contextParallel is only used by strategy ContextParallel; remove "
-            "it or set strategy: ContextParallel",
-            mirrors=problems._strategy_section_problems,
-        ),
-        CelRule(
-            "!has(self.tensorParallel) || self.strategy == 'TensorParallel'",
-            "spec.parallelism.tensorParallel is only used by strategy TensorParallel; remove it "
-            "or set strategy: TensorParallel",
-            mirrors=problems._strategy_section_problems,
-        ),
-        CelRule(
-            "!has(self.deviceMap) || self.strategy == 'DeviceMap'",
-            "spec.parallelism.deviceMap is only used by strategy DeviceMap; remove it or set strategy: DeviceMap",
-            mirrors=problems._strategy_section_problems,
-        ),
-        CelRule(
-            "self.strategy != 'DeviceMap' || !has(self.processesPerNode) || self.processesPerNode == 1",
-            "spec.parallelism.processesPerNode: DeviceMap runs one process per pod over all its "
-            "GPUs; set processesPerNode: 1 (or leave it out) and use nodes for replicas",
-            mirrors=problems._process_problems,
-        ),
-        CelRule(
-            "self.strategy == 'DeviceMap' || self.gpusPerNode == 0 || !has(self.processesPerNode) "
-            "|| self.processesPerNode == self.gpusPerNode",
-            "spec.parallelism.processesPerNode: with GPUs it is one process per GPU; set it to "
-            "gpusPerNode or leave it out",
-            mirrors=problems._process_problems,
-        ),
-        CelRule(
-            f"self.strategy != 'ContextParallel' || (has(self.contextParallel) && {_CP_DEGREE} >= 2)",
-            "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must be 2 or more "
-            "(1 is plain data parallelism); set ulyssesDegree or ringDegree",
-            mirrors=catalog.context_parallel_problems,
-        ),
-        CelRule(
-            f"self.strategy != 'ContextParallel' || !has(self.contextParallel) || {_PPN} % {_CP_DEGREE} == 0 "
-            f"|| ({_CP_DEGREE} % {_PPN} == 0 && self.nodes % ({_CP_DEGREE} / {_PPN}) == 0)",
-            "spec.parallelism.contextParallel: ringDegree x ulyssesDegree must divide processesPerNode (a group "
-            "inside one pod) or be a multiple of it that divides the pods (a group over whole pods)",
-            mirrors=catalog.context_parallel_problems,
-        ),
-        CelRule(
-            "self.strategy != 'TensorParallel' || "
-            f"{_PPN} % (has(self.tensorParallel) ? self.tensorParallel.degree : 2) == 0",
-            "spec.parallelism.tensorParallel.degree must divide processesPerNode (a group stays inside one pod)",
-            mirrors=catalog.tensor_parallel_problems,
-        ),
-        CelRule(
-            "self.strategy != 'TensorParallel' || self.gpusPerNode > 0",
-            "spec.parallelism.gpusPerNode: TensorParallel needs GPUs (diffusers refuses it on "
-            "CPU); set gpusPerNode or use DataParallel / ContextParallel",
-            mirrors=catalog.tensor_parallel_problems,
-        ),
-        CelRule(
-            "self.strategy != 'ContextParallel' || self.gpusPerNode > 0 || !has(self.contextParallel) || "
-            f"self.contextParallel.attentionBackend in {cel_list(_CPU_CP_BACKENDS)}",
-            "spec.parallelism.contextParallel.attentionBackend: needs GPUs and this job has none; on CPU "
-            f"use one of {', '.join(_CPU_CP_BACKENDS)}",
-            mirrors=catalog.backend_problems,
-        ),
-        CelRule(
-            " && ".join([*(f"self.{f} == oldSelf.{f}" for f in _FIXED_LAYOUT),
-                         *(f"has(self.{f}) == has(oldSelf.{f}) && (!has(self.{f}) || self.{f} == oldSelf.{f})"
-                           for f in _OPTIONAL_LAYOUT)]),
-            "spec.parallelism: only nodes can change after creation (a resize: kubectl scale dj/NAME "
-            "--replicas=N); create a new DiffusionJob for another layout",
-            cel_only="a transition rule: Python validates a manifest, not a change to one",
-        ),
-        CelRule(
-            f"self.nodes == oldSelf.nodes || self.strategy != 'ContextParallel' || !has(self.contextParallel) "
-            f"|| {_PPN} % {_CP_DEGREE} == 0",
-            "spec.parallelism.nodes can change while the job runs only when each context-parallel group fits in "
-            "one pod (ringDegree x ulyssesDegree divides processesPerNode): a group spanning pods cannot lose or "
-            "gain one; keep nodes, or create a new DiffusionJob",
-            cel_only="a transition rule: Python validates a manifest, not a change to one",
-        ),
-    )
-
-    strategy: Strategy = Field(
-        Strategy.DATA_PARALLEL,
-        description="DataParallel | DeviceMap | ContextParallel | TensorParallel.",
-    )
-    nodes: int = Field(1, ge=1, le=1024, description="Pods (torchrun agents), one per node. May change while "
-                       "the job runs (kubectl scale dj/NAME --replicas=N) when its groups fit in a pod: new pods "
-                       "start claiming work at once, removed ones (the highest indexes) hand theirs back.")
-    gpus_per_node: int = Field(1, ge=0, le=64, description="GPUs per pod; 0 runs on CPU.")
-    processes_per_node: int | None = Field(
-        None,
-        ge=1,
-        le=64,
-        description="torchrun --nproc-per-node; default gpusPerNode, or 1 on CPU and for DeviceMap.",
-    )
-    launcher: Literal["torchrun", "accelerate"] = Field(
-        "torchrun", description="Process launcher inside each pod: torchrun or accelerate."
-    )
-    context_parallel: ContextParallelSpec | None = Field(
-        None, description="ContextParallel layout (ring x ulysses ranks per group)."
-    )
-    tensor_parallel: TensorParallelSpec | None = Field(None, description="TensorParallel layout.")
-    device_map: DeviceMapSpec | None = Field(None, description="DeviceMap placement.")
-    collective_timeout_seconds: int = Field(
-        600,
-        ge=10,
-        description="Timeout of one collective (rendezvous excluded): a dead or stuck rank "
-        "fails its group after this instead of holding the GPUs. Also the least time a pod may "
-        "make no progress before it is retried (runPolicy.stallTimeoutSeconds' default), and the least "
-        "time the first pod waits for the other pods' work with no chunk finished before it gives up "
-        "the merge and is retried.",
-    )
-    verify: bool = Field(
-        False,
-        description="Consistency canary for ContextParallel / TensorParallel: before the job, "
-        "each group renders the first image (at most 2 steps) in its parallel layout and on one "
-        "rank, and the run fails permanently when they differ beyond rounding.",
-    )
-
-    @property
-    def resolved_processes_per_node(self) -> int:
-        if self.processes_per_node is not None:
-            return self.processes_per_node
-        if self.strategy == Strategy.DEVICE_MAP or self.gpus_per_node == 0:
-            return 1
-        return self.gpus_per_node
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.resolved_processes_per_node
-
-    @property
-    def group_size(self) -> int:
-        """Ranks that render one image together (1 for DataParallel and DeviceMap)."""
-        if self.strategy == Strategy.CONTEXT_PARALLEL:
-            return (self.context_parallel or ContextParallelSpec()).degree
-        if self.strategy == Strategy.TENSOR_PARALLEL:
-            return (self.tensor_parallel or TensorParallelSpec()).degree
-        return 1
-
-    @property
-    def data_parallel_degree(self) -> int:
-        return self.world_size // self.group_size
-
-    @property
-    def resizable(self) -> bool:
-        """Whether nodes may change while the job runs: every group fits in one pod (each pod is a
-        world of its own, so pods come and go without a rendezvous)."""
-        return self.group_size <= self.resolved_processes_per_node
+DNS_1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# The validation context's key that turns spec_problems off (rules.problems.parse_job's cross_field_rules).
+CROSS_FIELD_RULES = "crossFieldRules"
 
 
 @python_rule()
-def output_path(value: str) -> str:
-    """spec.output.path: a directory inside the volume (relative, no '..') that is not empty."""
-    if not value.strip("/") and not value.startswith("/"):
-        raise ValueError("must not be empty; leave it out to use metadata.name")
-    return relative_path(value)
+def name_problem(name: str, nodes: int) -> str | None:
+    if not re.match(DNS_1035_LABEL_PATTERN, name):
+        return (
+            f"metadata.name: {shown(name)} must be a DNS label (lowercase letters, digits, '-', "
+            "starting with a letter) because it names the headless Service and pod hostnames"
+        )
+    longest = f"{name}-{nodes - 1}"
+    if len(longest) > DNS_LABEL_MAX:
+        keep = DNS_LABEL_MAX - len(f"-{nodes - 1}")
+        return (
+            f"metadata.name: {shown(name)} is {len(name)} characters; pod hostname {shown(longest)} would "
+            f"exceed {DNS_LABEL_MAX}: use at most {keep} characters"
+        )
+    return None
 
 
-class Output(StoredAt):
-    section = "spec.output"
-    cel_rules = location_rules(section, volume_required=False)
-
-    volume: KubeObject | None = Field(
-        None,
-        description="A Kubernetes VolumeSource for the results (e.g. a PVC); default an emptyDir (or set uri: "
-        "the results are then written as whole objects under <uri>/<path>).",
-    )
-    path: Annotated[
-        str | None,
-        CelRule("!self.startsWith('/')", "spec.output.path must be relative to the volume", mirrors=output_path),
-        CelRule(
-            "!self.matches('(^|/)[.][.](/|$)')",
-            "spec.output.path must not contain '..': it must stay inside the volume",
-            mirrors=output_path,
-        ),
-        CelRule("self.matches('[^/]')", "spec.output.path must not be empty", mirrors=output_path),
-    ] = Field(
-        None,
-        max_length=1024,
-        description="Directory inside the volume (or under the uri), relative, without '..'; default "
-        "metadata.name.",
-    )
-    format: Literal["png", "jpeg", "webp", "mp4", "gif"] = Field(
-        "png",
-        description="png | jpeg | webp for images; mp4 (H.264, yuv420p), webp (animated, lossless) or gif for "
-        "videos.",
-    )
-
-    layout: Literal["files", "webdataset"] = Field(
-        "files",
-        description="files: images/<key>.<format> with a JSON file each; webdataset: tar shards of shardSize "
-        "rows (image and JSON members per item) with a Parquet index of every item.",
-    )
-    shard_size: int = Field(
-        1000, ge=1, le=100_000,
-        description="Rows per WebDataset shard (each row's imagesPerPrompt images go in the same shard).",
-    )
-    gallery_page_size: int = Field(200, ge=1, le=10_000, description="Items per gallery page.")
-    shared: bool = Field(
-        False,
-        description="Render into a folder that another DiffusionJob (another name or namespace) wrote: its items "
-        "made for the same request are kept, the others rendered again, and the folder is this job's from then "
-        "on. Without it such a folder is refused (exit 78). Jobs take turns: two must not run into one folder at "
-        "once. The same job deleted and applied again needs no sharing: it resumes.",
-    )
-
-    @field_validator("path")
-    @classmethod
-    def _relative_inside_volume(cls, value: str | None) -> str | None:
-        return value if value is None else output_path(value)
+# -- rules across the spec's sections ----------------------------------------------------------
 
 
-class NetworkPolicySpec(ApiModel):
-    enabled: bool | None = Field(
-        None,
-        description="Give the job a NetworkPolicy that lets only its own pods connect to its pods: to the "
-        "work-claim store on the first pod, the rendezvous of worlds that span pods and their process groups "
-        "(outgoing traffic stays open). Default: the operator's setting (on unless the Helm chart's "
-        "networkPolicies.jobs is false). Enforced only where the cluster's network plugin enforces "
-        "NetworkPolicies (Calico, Cilium, ...).",
-    )
+def spec_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """Every cross-field rule of a spec: (field path, message with the fix); empty when valid."""
+    return [*source_problems(spec),
+            *(p for section in (spec.dataset, spec.inputs, spec.output) if section is not None
+              for p in location_problems(section)),
+            *credentials_problems(spec), *shared_output_problems(spec),
+            *strategy_section_problems(spec.parallelism), *process_problems(spec.parallelism),
+            *layout_problems(spec), *workload_problems(spec), *queue_problems(spec), *size_problems(spec)]
+
+
+@python_rule(no_cel=(
+    "not in the CRD yet (CEL could say it; adding it changes the CRD): the operator refuses such a job "
+    "when it parses it"
+))
+def source_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    if spec.dataset is not None:
+        if spec.prompts or spec.prompts_from is not None:
+            return [("spec.dataset", "rows come from the data set alone; remove prompts and promptsFrom, or the "
+                     "dataset")]
+        if spec.dataset.end is not None and spec.dataset.end <= spec.dataset.start:
+            return [("spec.dataset.end", f"is {spec.dataset.end}, not after start {spec.dataset.start}")]
+        return []
+    if not spec.prompts and spec.prompts_from is None:
+        return [("spec.prompts", "no prompts; add at least one to prompts, set promptsFrom, or use spec.dataset")]
+    return []
+
+
+@python_rule()
+def credentials_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """One credentials Secret for the whole job (each section's own rules: storage.location_problems)."""
+    out: list[Problem] = []
+    secrets = {section.section: section.credentials_secret for section in (spec.dataset, spec.inputs, spec.output)
+               if section is not None and section.uri is not None and section.credentials_secret is not None}
+    for name, secret in list(secrets.items())[1:]:
+        first, first_secret = next(iter(secrets.items()))
+        if secret != first_secret:
+            out.append((f"{name}.credentialsSecret",
+                        f"is {shown(secret)}, but {first}.credentialsSecret is {shown(first_secret)}: the job's pods "
+                        "have one set of storage credentials (a Secret's keys become their environment); use one "
+                        "Secret"))
+    return out
+
+
+@python_rule()
+def shared_output_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """Pods of one job must see each other's outputs: the first pod merges every chunk, whichever pod
+    rendered it. An emptyDir (spec.output.volume unset, or set to one) is each pod's own."""
+    out = spec.output
+    nodes = spec.parallelism.nodes
+    if nodes <= 1 or out.uri is not None or (out.volume is not None and "emptyDir" not in out.volume):
+        return []
+    what = "spec.output.volume is an emptyDir" if out.volume is not None else \
+        "spec.output sets no volume (the default is an emptyDir)"
+    return [("spec.output", f"{what}, which each of the {nodes} pods gets its own: the first pod could not merge "
+             "the images the others render, and they would go with their pods; set spec.output.volume to a volume "
+             "every pod mounts (a ReadWriteMany PersistentVolumeClaim: {persistentVolumeClaim: {claimName: "
+             "results}}), or spec.output.uri to object storage, or nodes: 1")]
+
+
+def _input_uses(spec: DiffusionJobSpec) -> tuple[set[str], str]:
+    """Which inputs the job's items carry ("image", "mask"), and the field that says so."""
+    if spec.dataset is not None:
+        cols = spec.dataset.columns
+        return {u for u, c in (("image", cols.image), ("mask", cols.mask)) if c}, "spec.dataset.columns"
+    uses = set()
+    for p in spec.prompt_objects:
+        uses |= {u for u, v in (("image", p.image), ("mask", p.mask)) if v}
+    return uses, "spec.prompts"
+
+
+@python_rule(no_cel=(
+    "needs the rules catalog's tables (model pipelines, inputs, schedulers, caches), which the CRD does "
+    "not carry (its fuseAdapters rule alone could be CEL, not in the CRD yet); the operator refuses such "
+    "a job when it parses it"
+))
+def workload_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """Inputs, videos, the scheduler, the cache, adapters and the call's extraArgs against what the catalog
+    knows."""
+    gen, par = spec.generation, spec.parallelism
+    pipeline = spec.model.pipeline or catalog.KNOWN_MODEL_PIPELINES.get(spec.model.name)
+    uses, field_name = _input_uses(spec)
+    out: list[Problem] = []
+    if uses and spec.inputs is None:
+        out.append(("spec.inputs", f"{field_name} name input images; set spec.inputs.volume or spec.inputs.uri to "
+                    "where they are"))
+    out += workloads.input_problems(pipeline, uses, field_name)
+    out += workloads.video_problems(pipeline, gen.num_frames, gen.height, gen.width, spec.output.format)
+    if gen.scheduler is not None:
+        out += workloads.scheduler_problems(gen.scheduler.name)
+    if gen.cache is not None:
+        out += cache_problems(gen.cache.type, gen.cache.options, par.strategy)
+    out += workloads.extra_args_problems(gen.extra_args)
+    if spec.model.adapters and par.strategy == "TensorParallel" and not spec.model.fuse_adapters:
+        out.append(("spec.model.fuseAdapters", "TensorParallel shards the base layers, and a LoRA must be merged "
+                    "into them first; set fuseAdapters: true"))
+    return out
+
+
+@python_rule()
+def layout_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """The CP / TP layout against the catalog (the runtime checks the same on the machine)."""
+    par = spec.parallelism
+    if par.strategy not in ("ContextParallel", "TensorParallel"):
+        return []
+    ppn, gpu = par.resolved_processes_per_node, par.gpus_per_node > 0
+    if par.strategy == "ContextParallel":
+        cp = par.context_parallel or ContextParallelSpec()
+        out = catalog.context_parallel_problems(cp.ring_degree, cp.ulysses_degree, cp.attention_backend, ppn, gpu,
+                                                par.nodes)
+    else:
+        tp = par.tensor_parallel or TensorParallelSpec()
+        out = catalog.tensor_parallel_problems(tp.degree, ppn, gpu)
+    if spec.generation.batch_size != 1:
+        out.append(("spec.generation.batchSize",
+                    f"is {spec.generation.batch_size}, but a {par.strategy} group renders one image at a time "
+                    "(batched context parallelism is broken in several models); set batchSize: 1"))
+    return out + catalog.plan_problems(par.strategy, catalog.known_layout(spec.model.name, spec.model.pipeline))
+
+
+@python_rule()
+def queue_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """runPolicy.workloadSlices: Kueue's elastic workload slices need a queue and no topology request."""
+    policy = spec.run_policy
+    if not policy.workload_slices:
+        return []
+    out: list[Problem] = []
+    if policy.queue_name is None:
+        out.append(("spec.runPolicy.workloadSlices", "resizes through Kueue, which admits only a queued job; set "
+                    "runPolicy.queueName or remove workloadSlices"))
+    for key in KUEUE_TOPOLOGY_ANNOTATIONS:
+        if key in spec.pod_template.annotations:
+            out.append(("spec.runPolicy.workloadSlices", f"Kueue does not resize a job whose pods request a topology "
+                        f"(podTemplate.annotations[{key}]); remove that annotation or workloadSlices"))
+    return out
+
+
+@python_rule(no_cel="measures the serialized spec, which CEL cannot; the operator refuses such a job when it parses it")
+def size_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    size = len(spec.model_dump_json(by_alias=True, exclude_none=True).encode())
+    return catalog.spec_size_problems(size, len(spec.prompts))
+
+
+# -- the spec and the job ----------------------------------------------------------------------
 
 
 def immutable(field: str) -> CelRule:
@@ -454,21 +266,21 @@ class DiffusionJobSpec(ApiModel):
             "!(self.parallelism.strategy in ['ContextParallel', 'TensorParallel']) || self.generation.batchSize == 1",
             "spec.generation.batchSize: a ContextParallel or TensorParallel group renders one "
             "image at a time; set batchSize: 1",
-            mirrors=problems._layout_problems,
+            mirrors=layout_problems,
         ),
         *(CelRule(
             f"!has(self.{a}) || !has(self.{a}.credentialsSecret) || !has(self.{b}) || "
             f"!has(self.{b}.credentialsSecret) || self.{a}.credentialsSecret == self.{b}.credentialsSecret",
             f"spec.{b}.credentialsSecret: the job's pods have one set of storage credentials (a Secret's keys "
             f"become their environment); use the same Secret as spec.{a}.credentialsSecret",
-            mirrors=problems._storage_problems,
+            mirrors=credentials_problems,
         ) for a, b in (("dataset", "inputs"), ("dataset", "output"), ("inputs", "output"))),
         CelRule(
             "!has(self.runPolicy) || !has(self.runPolicy.workloadSlices) || !self.runPolicy.workloadSlices || "
             "has(self.runPolicy.queueName)",
             "spec.runPolicy.workloadSlices: resizes through Kueue, which admits only a queued job; set "
             "runPolicy.queueName or remove workloadSlices",
-            mirrors=problems._queue_problems,
+            mirrors=queue_problems,
         ),
         CelRule(
             "!has(self.runPolicy) || !has(self.runPolicy.workloadSlices) || !self.runPolicy.workloadSlices || "
@@ -476,7 +288,7 @@ class DiffusionJobSpec(ApiModel):
             f"!{cel_list(list(KUEUE_TOPOLOGY_ANNOTATIONS))}.exists(k, k in self.podTemplate.annotations)",
             "spec.runPolicy.workloadSlices: Kueue does not resize a job whose pods request a topology "
             "(podTemplate.annotations); remove the topology annotation or workloadSlices",
-            mirrors=problems._queue_problems,
+            mirrors=queue_problems,
         ),
         CelRule(
             # The volume's contents are free-form (CEL cannot see an emptyDir in it): the Python rule also
@@ -485,7 +297,7 @@ class DiffusionJobSpec(ApiModel):
             "spec.output: with several pods, set spec.output.volume to a volume every pod mounts (a "
             "ReadWriteMany PersistentVolumeClaim) or spec.output.uri to object storage: the default emptyDir is "
             "each pod's own, so the first pod could not merge the others' images",
-            mirrors=problems._shared_output_problems,
+            mirrors=shared_output_problems,
         ),
         CelRule(
             "has(self.promptsFrom) == has(oldSelf.promptsFrom)",
@@ -548,9 +360,9 @@ class DiffusionJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _cross_field_rules(self, info: ValidationInfo) -> DiffusionJobSpec:
-        if isinstance(info.context, dict) and info.context.get(problems.CROSS_FIELD_RULES) is False:
+        if isinstance(info.context, dict) and info.context.get(CROSS_FIELD_RULES) is False:
             return self
-        found = [f"{path}: {message}" for path, message in problems.spec_problems(self)]
+        found = [f"{path}: {message}" for path, message in spec_problems(self)]
         if found:
             raise ValueError("\n".join(found))
         return self
@@ -574,7 +386,7 @@ class DiffusionJob(BaseModel):
             f"size(self.metadata.name) + 1 + size(string(self.spec.parallelism.nodes - 1)) <= {DNS_LABEL_MAX}",
             f"metadata.name is too long: pod hostname <name>-<index> must fit in {DNS_LABEL_MAX} "
             "characters; shorten the name",
-            mirrors=problems.name_problem,
+            mirrors=name_problem,
         ),
     )
 
@@ -594,4 +406,3 @@ class DiffusionJob(BaseModel):
         if self.spec.prompts_from is not None or self.spec.dataset is not None:
             return None
         return len(self.spec.prompts) * self.spec.generation.images_per_prompt
-

@@ -1,4 +1,5 @@
-"""How the pods are scheduled and run: pod template fields and the run policy."""
+"""How the pods are scheduled and run: pod template fields, the run policy, and who may connect to
+them (the job's NetworkPolicy)."""
 
 from __future__ import annotations
 
@@ -170,3 +171,12 @@ class RunPolicy(ApiModel):
         return int(total * float(value.rstrip("%")) / 100)
 
 
+class NetworkPolicySpec(ApiModel):
+    enabled: bool | None = Field(
+        None,
+        description="Give the job a NetworkPolicy that lets only its own pods connect to its pods: to the "
+        "work-claim store on the first pod, the rendezvous of worlds that span pods and their process groups "
+        "(outgoing traffic stays open). Default: the operator's setting (on unless the Helm chart's "
+        "networkPolicies.jobs is false). Enforced only where the cluster's network plugin enforces "
+        "NetworkPolicies (Calico, Cilium, ...).",
+    )

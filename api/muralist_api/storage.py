@@ -11,9 +11,10 @@ Every reader and writer of object storage (the runtime's data sets, inputs and o
 results) opens it through `open_location`: the URI with its section's endpoint, fsspec imported there
 (the runtime and client extras install it; the operator never opens a URI).
 
-The rules (one of volume and uri, credentials and endpoint only with a uri, one Secret per job since
-its keys become the pod's environment) are Python rules in rules/problems.py, mirrored by the CEL
-rules declared here.
+The rules of one section (one of volume and uri, credentials and endpoint only with a uri) are a
+Python rule here (`location_problems`), mirrored by the CEL rules each section declares
+(`location_rules`); one Secret per job, since its keys become the pods' environment, is a rule across
+the sections (job.py's `credentials_problems`).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import Field
 
-from muralist_api.base import ApiModel
-from muralist_api.cel import CelRule
+from muralist_api.base import ApiModel, KubeObject
+from muralist_api.cel import CelRule, python_rule
 from muralist_api.contract.pod import STORAGE_CREDENTIALS_DIR
+from muralist_api.rules.catalog import Problem
 
 # A URI with a protocol and something after it: s3://bucket, gs://bucket/prefix, az://container/x.
 URI_PATTERN = r"^[a-z][a-z0-9+.-]*://[^/]"
@@ -80,22 +82,58 @@ def open_location(location: str | os.PathLike[str], endpoint: str | None = None,
     return fs, str(path).rstrip("/")
 
 
+class Section(Protocol):
+    """A section that takes a volume or a uri: spec.dataset, spec.inputs (data.py) or spec.output (output.py)."""
+
+    @property
+    def section(self) -> str: ...
+
+    @property
+    def volume(self) -> KubeObject | None: ...
+
+    @property
+    def uri(self) -> str | None: ...
+
+    @property
+    def credentials_secret(self) -> str | None: ...
+
+    @property
+    def endpoint(self) -> str | None: ...
+
+
+@python_rule()
+def location_problems(section: Section) -> list[Problem]:
+    """A volume or a uri (spec.output: at most one, an emptyDir when neither); credentials and endpoint
+    only with a uri."""
+    out: list[Problem] = []
+    name = section.section
+    volume_required = name != "spec.output"
+    if section.volume is not None and section.uri is not None:
+        out.append((name, "set volume or uri, not both" + ("" if volume_required else " (neither: an emptyDir)")))
+    elif volume_required and section.volume is None and section.uri is None:
+        out.append((name, "set exactly one of volume (a mounted VolumeSource) and uri (object storage, e.g. "
+                          "s3://bucket/prefix)"))
+    if section.uri is None:
+        for field, value in (("credentialsSecret", section.credentials_secret), ("endpoint", section.endpoint)):
+            if value is not None:
+                out.append((f"{name}.{field}", f"goes with {name}.uri; set uri or remove {field}"))
+    return out
+
+
 def location_rules(section: str, volume_required: bool) -> tuple[CelRule, ...]:
     """The CEL rules of one section that takes a volume or a uri (`self` is the section)."""
-    from muralist_api.rules import problems
-
     one = (CelRule("has(self.volume) != has(self.uri)",
                    f"{section}: set exactly one of volume (a mounted VolumeSource) and uri (object storage, e.g. "
-                   "s3://bucket/prefix)", mirrors=problems._storage_problems)
+                   "s3://bucket/prefix)", mirrors=location_problems)
            if volume_required else
            CelRule("!(has(self.volume) && has(self.uri))",
                    f"{section}: set volume or uri, not both (neither: an emptyDir)",
-                   mirrors=problems._storage_problems))
+                   mirrors=location_problems))
     return (
         one,
         CelRule("has(self.uri) || (!has(self.credentialsSecret) && !has(self.endpoint))",
                 f"{section}.credentialsSecret and {section}.endpoint go with {section}.uri; set uri or remove them",
-                mirrors=problems._storage_problems),
+                mirrors=location_problems),
     )
 
 

@@ -7,14 +7,14 @@ import inspect
 from types import ModuleType
 
 import pytest
-from muralist_api import step_cache
+from muralist_api import job, parallelism, step_cache, storage
 from muralist_api.cel import PYTHON_RULES, CelRule
-from muralist_api.rules import catalog, problems, sequence, workloads
+from muralist_api.rules import catalog, sequence, workloads
 from muralist_operator.crd import CEL_RULES
 
-RULE_MODULES = (problems, catalog, workloads, sequence, step_cache)
+RULE_MODULES = (job, parallelism, storage, catalog, workloads, sequence, step_cache)
 # Functions named like rules that are not one: they collect the rules below them.
-COLLECTORS = {problems.spec_problems}
+COLLECTORS = {job.spec_problems}
 
 
 def _rule_functions(module: ModuleType) -> list[object]:

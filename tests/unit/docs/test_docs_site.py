@@ -16,7 +16,8 @@ import yaml
 from mkdocs.commands.build import build
 from mkdocs.config import load_config
 from mkdocs.exceptions import Abort
-from muralist_api.rules.problems import parse_job, spec_problems
+from muralist_api.job import spec_problems
+from muralist_api.rules.problems import parse_job
 
 from tests.paths import REPO
 

@@ -7,7 +7,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from muralist_api.job import ContextParallelSpec, Parallelism, RunPolicy
+from muralist_api.job import ContextParallelSpec, Parallelism
+from muralist_api.pods import RunPolicy
 from muralist_api.status import MAX_INDEX_ENTRIES, DiffusionJobStatus, Phase
 from muralist_operator.decision import (
     REASON_MAX_RESTARTS,
