@@ -3,13 +3,16 @@
 Torch-free and standalone (import-linter checks it imports neither image's code), so both
 images install it and the operator needs nothing else of the runtime:
 
-- `job`, `data`, `options`, `pods`, `status`, `base`: the DiffusionJob types (the CRD is
-  generated from them); `cel`: the CEL rules declared on those types, each naming the Python
-  rule it mirrors;
+- the DiffusionJob types (the CRD is generated from them): `job` (the DiffusionJob, its spec and
+  the rules across the spec's sections), a module per section, each with its own rules:
+  `model`, `generation`, `parallelism`, `output`, `data` (prompts, promptsFrom, dataset,
+  inputs), `pods` (pod template, run policy, network policy); `options` (LoRA adapters,
+  scheduler), `status`, `base` (camelCase, unknown fields refused, how a message quotes a
+  value); `cel`: the CEL rules declared on those types, each naming the Python rule it mirrors;
 - `step_cache`: the step cache's API in one module (its request and quality gate, its catalog and
   rule, what ranks measured, its status);
-- `rules/`: parsing a manifest and every problem named by its field (`problems`), the rules
-  catalog shared by admission and the runtime (`catalog`, `workloads`, `sequence`);
+- `rules/`: the rules catalog shared by admission and the runtime (`catalog`, `workloads`,
+  `sequence`), and parsing a manifest, every problem named by its field (`problems`);
 - `contract/`: what crosses between the images: the pod contract (launcher command,
   environment, paths: `pod`; the runtime's one typed view of that environment: `env`; exit
   codes, termination message: `termination`), the progress wire (`progress`), the image counts
@@ -22,7 +25,10 @@ images install it and the operator needs nothing else of the runtime:
 - `items`: work items and their seeds;
 - `manifests`: reading manifest files.
 
-The names most callers need are re-exported here.
+The names most callers need are re-exported here. Its layers, bottom up (import-linter checks
+them: no circle): `cel`; `base`, the catalog and the contract's plain names; what sections are
+made of (`storage`, `step_cache`, `options`); the sections; `job`; `rules/problems` and `items`;
+what reads whole jobs (`runtime_spec`, `manifests`, `contract/resume`, `contract/env`).
 """
 
 from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE, PermanentFailure

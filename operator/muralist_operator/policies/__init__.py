@@ -1,3 +1,14 @@
 """One policy per module, each a few pure functions with its own table tests
-(tests/unit/operator/test_policies.py): time to live, deadline, suspension, failures and restarts,
-stall detection, pods that never start, worlds that span pods. `lifecycle.decide` applies them in order."""
+(tests/unit/operator/test_policies.py); `lifecycle.decide` applies them in this order:
+
+- `ttl`: a finished job's time to live;
+- `deadline`: runPolicy.activeDeadlineSeconds;
+- `resize`: nodes changed while the job runs;
+- `suspension`: runPolicy.suspend;
+- `failure`: failures and restarts, per index;
+- `start`: pods that never start;
+- `world`: worlds that span pods restart together;
+- `stall`: a pod that stopped making progress (and, earlier, whether the job's posts still arrive).
+
+Each stands alone (import-linter checks it): what two share is a view of the children
+(muralist_operator.observe) or the vocabulary of a decision (muralist_operator.decision)."""
