@@ -6,7 +6,7 @@ ranks measured and what the status says of it (the runtime's side is muralist_ru
 - the catalog: `CACHES`, one `CacheKind` per type of `CacheType` (diffusers' config class, the options
   exposed, whether the ranks of a parallel group stay in step with it), checked against the installed
   diffusers by tests/unit/api/rules/test_catalog.py, and admission's rule on the options
-  (`cache_problems`, called from rules/problems.py);
+  (`cache_problems`, called from job.py's `workload_problems`);
 - what crosses between the images: `CacheSample`, the share of the sample a rank or a pod measured
   (its rank file, its termination message: contract/termination.py carries it);
 - `CacheVerifyStatus`: status.cacheVerify, the finished pods' samples combined by the operator.

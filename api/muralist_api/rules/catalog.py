@@ -1,6 +1,6 @@
 """The rules catalog: what Muralist knows about models, attention backends and limits.
 
-Admission (`problems.spec_problems`, so `muralist validate`, the operator and the CRD's CEL
+Admission (`job.spec_problems`, so `muralist validate`, the operator and the CRD's CEL
 messages) and the runtime (the strategies, on the machine) check a layout with the same
 functions and the same tables, so they cannot disagree: a layout admission accepts fails in
 a pod only for what admission cannot know (the model's own config, the GPUs really there).
