@@ -73,3 +73,13 @@ def test_every_path_contributing_names_exists() -> None:
                            text))
     gone = sorted(p for p in paths if not (REPO / p.rstrip("/")).exists() and "*" not in p and "<" not in p)
     assert not gone, f"CONTRIBUTING.md names paths that are not there: {gone}"
+
+
+# A module a newcomer can read whole: past this, it holds more than one concept (split it by concept).
+MAX_LINES = 450
+
+
+def test_no_product_module_is_over_the_size_of_one_concept() -> None:
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in product_modules()}
+    long = {path: n for path, n in sizes.items() if n > MAX_LINES}
+    assert not long, f"product modules over {MAX_LINES} lines (split them by concept): {long}"

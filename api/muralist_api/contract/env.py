@@ -125,7 +125,7 @@ class PodEnv:
     progress_dir: str | None = None
     # Files and folders.
     termination_log: str | None = None
-    cache_dir: str | None = None
+    tiny_models_dir: str | None = None  # MURALIST_TINY_MODELS
     stage_dir: str | None = None
     drain_file: str | None = None
     hf_home: str | None = None
@@ -157,7 +157,7 @@ class PodEnv:
             progress_ca=_text(env, MURALIST_PROGRESS_CA),
             progress_dir=_text(env, MURALIST_PROGRESS_DIR),
             termination_log=_text(env, MURALIST_TERMINATION_LOG),
-            cache_dir=env.get(MURALIST_TINY_MODELS),
+            tiny_models_dir=env.get(MURALIST_TINY_MODELS),
             stage_dir=_text(env, MURALIST_STAGE_DIR),
             drain_file=_text(env, MURALIST_DRAIN_FILE),
             hf_home=_text(env, HF_HOME_VAR),

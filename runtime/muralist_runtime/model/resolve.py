@@ -26,7 +26,7 @@ from .tiny import build_tiny
 def tiny_cache_dir(name: str) -> Path:
     """Where a built-in tiny model is built: MURALIST_TINY_MODELS, else under HF_HOME, else ~/.cache."""
     env = PodEnv.from_environ()
-    base = env.cache_dir
+    base = env.tiny_models_dir
     if base is None:
         base = os.path.join(env.hf_home, "muralist") if env.hf_home else os.path.expanduser(
             "~/.cache/muralist/models")
