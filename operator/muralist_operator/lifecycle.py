@@ -51,14 +51,20 @@ def eta_text(seconds: int | None) -> str:
 def apply_progress(status: DiffusionJobStatus, pushed: JobProgress | None, known_total: int | None) -> None:
     """status.progress from the pods' pushed counts (and their termination messages, which the
     aggregator holds too). Counts never go down: after an operator restart the status keeps
-    what was written until the pods have posted again."""
+    what was written until the pods have posted again. Once the first pod merged, its counts (the
+    merged manifest's) are the job's: they replace what the pods counted (a retried pod's items
+    counted twice, a kept chunk counted by two attempts)."""
     p = status.progress
     if known_total is not None:
         p.total = known_total
     elif pushed is not None:
         p.total = max(p.total, pushed.total)
-    if pushed is not None:
+    if pushed is not None and pushed.merged:
+        p.total, p.completed, p.failed = pushed.total or p.total, pushed.completed, pushed.failed
+        p.kept, p.rerendered = pushed.kept, pushed.rerendered
+    elif pushed is not None:
         p.completed = max(p.completed, pushed.completed)
+        p.kept, p.rerendered = max(p.kept, pushed.kept), max(p.rerendered, pushed.rerendered)
         p.failed = pushed.failed
         p.images_per_second = pushed.images_per_second
         p.estimated_seconds_remaining = pushed.estimated_seconds_remaining

@@ -327,5 +327,5 @@ def merged_progress(progress: JobProgress | None, pods: list[PodView]) -> JobPro
     base = progress or JobProgress(completed=0, failed=0, total=total, percent=None, images_per_second=None,
                                    estimated_seconds_remaining=None, ranks=0, indexes={})
     return dataclasses.replace(base, completed=done, failed=merged.failed, total=total, kept=merged.skipped,
-                               rerendered=merged.rerendered, estimated_seconds_remaining=0,
+                               rerendered=merged.rerendered, estimated_seconds_remaining=0, merged=True,
                                percent=min(100.0, round(100.0 * (done + merged.failed) / total, 1)) if total else None)

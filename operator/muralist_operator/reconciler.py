@@ -303,7 +303,10 @@ class Reconciler:
         new_status = decision.status.wire()
         changes_seen = observed.progress_changes if observed is not None else None
         due = self.aggregator.next_due(key) == 0
-        if new_status != raw_status and (due or _besides_progress(new_status) != _besides_progress(raw_status)):
+        # The merged manifest's counts are the job's last word on its items: written when they differ, unthrottled.
+        final = observed is not None and observed.progress is not None and observed.progress.merged
+        besides = _besides_progress(new_status) != _besides_progress(raw_status)
+        if new_status != raw_status and (due or final or besides):
             try:
                 written = self.kube.patch_status(key[0], key[1], new_status)
             except Exception:

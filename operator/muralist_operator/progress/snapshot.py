@@ -73,6 +73,7 @@ class JobProgress:
     # output made for another request. The pods' counts while the job runs, the merged manifest's at its end.
     kept: int = 0
     rerendered: int = 0
+    merged: bool = False  # the counts are the merged manifest's: the job's final word on its items
 
     @property
     def oldest_progress_time(self) -> datetime | None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from muralist_api.status import DiffusionJobStatus
 from muralist_operator.lifecycle import decide
-from muralist_operator.observe import Observed, Termination
+from muralist_operator.observe import ContainerExit, Observed
 
 from tests.builders import make_job
 from tests.paths import REPO
@@ -113,7 +113,7 @@ DECIDED = {
     "created": (Observed(), "InProgress", "Progressing"),
     "running": (Observed(job=job_view(), pods=[make_pod()]), "Current", "Progressing"),
     "succeeded": (Observed(job=job_view(complete=True)), "Current", "Healthy"),
-    "failed": (Observed(job=job_view(failed=True), pods=[make_pod(phase="Failed", term=Termination(2, "E", "oom"))]),
+    "failed": (Observed(job=job_view(failed=True), pods=[make_pod(phase="Failed", term=ContainerExit(2, "E", "oom"))]),
                "Failed", "Degraded"),
 }
 

@@ -97,6 +97,25 @@ def test_complete_job_succeeds_with_completion_time() -> None:
     assert (p.completed, p.total, p.percent, p.estimated_seconds_remaining, p.eta) == (2, 2, 100.0, 0, "0s")
 
 
+def test_once_merged_the_status_counts_are_the_merged_manifests() -> None:
+    from muralist_api.contract import Counts
+    from muralist_operator.observe import merged_progress
+
+    # The pods counted 9 of 8 (a retried pod's items twice); the merge found 6 rendered (2 of them again in place
+    # of another request's), 1 kept, 1 failed.
+    counted = progress(index_progress(0, done=5, total=8), index_progress(1, done=4, total=8), total=8)
+    pods = [pod(0, "Succeeded", merged=Counts(completed=6, skipped=1, failed=1, total=8, rerendered=2)),
+            pod(1, "Succeeded")]
+    job = make_job().world(nodes=2).job()
+    before = status(phase="Running")
+    before.progress.completed = 8  # what an earlier write said
+    d = decide(job, before, 1, Observed(job=job_view(complete=True), pods=pods,
+                                        progress=merged_progress(counted, pods)), NOW)
+    p = d.status.progress
+    assert (p.completed, p.failed, p.total, p.kept, p.rerendered) == (7, 1, 8, 1, 2)
+    assert d.status.phase == Phase.SUCCEEDED
+
+
 def test_a_failed_pod_is_retried_alone_and_the_job_stays_running() -> None:
     job = make_job().world(nodes=4).job()
     pods = [pod(0), failed(1, message="rank 1: CUDA error"), pod(2), pod(3)]
