@@ -21,6 +21,8 @@ images install it and the operator needs nothing else of the runtime:
   work together (`versions`);
 - `storage`: where a job's data lives (a volume or a URI) and `open_location`, the one opener of
   object storage (the runtime's data sets, inputs and outputs, the client's results);
+- `planner/`: `strategy: Auto` and `muralist plan`: a model's sizes from its safetensors headers, the
+  devices, the memory estimate, the decision table and the plan as status carries it;
 - `runtime_spec`: the runtime spec the operator hands to the pods;
 - `items`: work items and their seeds;
 - `manifests`: reading manifest files.

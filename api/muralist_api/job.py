@@ -35,6 +35,7 @@ from muralist_api.parallelism import (
     Parallelism,
     Strategy,
     TensorParallelSpec,
+    auto_problems,
     process_problems,
     strategy_section_problems,
 )
@@ -112,7 +113,8 @@ def spec_problems(spec: DiffusionJobSpec) -> list[Problem]:
             *(p for section in (spec.dataset, spec.inputs, spec.output) if section is not None
               for p in location_problems(section)),
             *credentials_problems(spec), *shared_output_problems(spec),
-            *strategy_section_problems(spec.parallelism), *process_problems(spec.parallelism),
+            *strategy_section_problems(spec.parallelism), *auto_problems(spec.parallelism),
+            *process_problems(spec.parallelism),
             *layout_problems(spec), *workload_problems(spec), *queue_problems(spec), *size_problems(spec)]
 
 

@@ -1,11 +1,11 @@
 """spec.parallelism: how a job's work is split over pods, processes and GPUs, and the rules of its layout.
 
-The strategies (`Strategy`) and each one's own section (contextParallel, tensorParallel,
-deviceMap); how many ranks a job has and how many of them render one image together
-(`Parallelism.group_size`). The rules that read spec.parallelism alone are here, beside the CEL
-rules that mirror them (`strategy_section_problems`, `process_problems`); those that need the
-model's layout are the catalog's (rules/catalog.py), and those across the spec's sections
-job.py's.
+The strategies (`Strategy`; Auto is resolved to one of the others by muralist_api/planner/) and each
+one's own section (contextParallel, tensorParallel, deviceMap); how many ranks a job has and how many of
+them render one image together (`Parallelism.group_size`). The rules that read spec.parallelism alone are
+here, beside the CEL rules that mirror them (`strategy_section_problems`, `auto_problems`,
+`process_problems`); those that need the model's layout are the catalog's (rules/catalog.py), and those
+across the spec's sections job.py's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ class Strategy(StrEnum):
     DEVICE_MAP = "DeviceMap"
     CONTEXT_PARALLEL = "ContextParallel"
     TENSOR_PARALLEL = "TensorParallel"
-
+    # Resolved to one of the above before anything runs: by the operator from the nodes it sees, by
+    # `muralist run` from this machine (muralist_api/planner/).
+    AUTO = "Auto"
 
 
 _CP_BACKENDS = [b.name for b in ATTENTION_BACKENDS.values() if b.context_parallel]
@@ -99,6 +101,19 @@ def strategy_section_problems(par: Parallelism) -> list[Problem]:
 
 
 @python_rule()
+def auto_problems(par: Parallelism) -> list[Problem]:
+    """objective goes with strategy Auto; Auto with GPUs chooses the processes itself."""
+    out: list[Problem] = []
+    if par.objective is not None and par.strategy != Strategy.AUTO:
+        out.append(("spec.parallelism.objective", f"is only used by strategy Auto (which plans for it), but strategy "
+                    f"is {par.strategy}; remove it or set strategy: Auto"))
+    if par.strategy == Strategy.AUTO and par.gpus_per_node > 0 and par.processes_per_node is not None:
+        out.append(("spec.parallelism.processesPerNode", "is chosen by strategy Auto when the pods have GPUs (one per "
+                    "GPU, or one per pod for DeviceMap); remove it"))
+    return out
+
+
+@python_rule()
 def process_problems(par: Parallelism) -> list[Problem]:
     if par.strategy == "DeviceMap":
         if par.processes_per_node in (None, 1):
@@ -121,7 +136,7 @@ _PPN = (
 _CP_DEGREE = "(self.contextParallel.ringDegree * self.contextParallel.ulyssesDegree)"
 # What a resize keeps: every field of spec.parallelism but nodes (always set: they have defaults; or optional).
 _FIXED_LAYOUT = ("strategy", "gpusPerNode", "launcher", "collectiveTimeoutSeconds", "verify")
-_OPTIONAL_LAYOUT = ("processesPerNode", "contextParallel", "tensorParallel", "deviceMap")
+_OPTIONAL_LAYOUT = ("processesPerNode", "contextParallel", "tensorParallel", "deviceMap", "objective")
 
 
 class Parallelism(ApiModel):
@@ -161,6 +176,16 @@ class Parallelism(ApiModel):
             "spec.parallelism.processesPerNode: with GPUs it is one process per GPU; set it to "
             "gpusPerNode or leave it out",
             mirrors=process_problems,
+        ),
+        CelRule(
+            "!has(self.objective) || self.strategy == 'Auto'",
+            "spec.parallelism.objective is only used by strategy Auto; remove it or set strategy: Auto",
+            mirrors=auto_problems,
+        ),
+        CelRule(
+            "self.strategy != 'Auto' || self.gpusPerNode == 0 || !has(self.processesPerNode)",
+            "spec.parallelism.processesPerNode is chosen by strategy Auto when the pods have GPUs; remove it",
+            mirrors=auto_problems,
         ),
         CelRule(
             f"self.strategy != 'ContextParallel' || (has(self.contextParallel) && {_CP_DEGREE} >= 2)",
@@ -214,8 +239,13 @@ class Parallelism(ApiModel):
 
     strategy: Strategy = Field(
         Strategy.DATA_PARALLEL,
-        description="DataParallel | DeviceMap | ContextParallel | TensorParallel.",
+        description="DataParallel | DeviceMap | ContextParallel | TensorParallel | Auto. Auto chooses one of the "
+        "others, its processes and degrees from the model's sizes and the GPUs the nodes have (status.parallelPlan "
+        "says which and why); `muralist plan` prints the same choice.",
     )
+    objective: Literal["throughput", "latency"] | None = Field(
+        None, description="What strategy Auto plans for: throughput (the default: batch jobs, each device renders "
+        "its own items) or latency (one item split over the pod's devices where the model allows).")
     nodes: int = Field(1, ge=1, le=1024, description="Pods (torchrun agents), one per node. May change while "
                        "the job runs (kubectl scale dj/NAME --replicas=N) when its groups fit in a pod: new pods "
                        "start claiming work at once, removed ones (the highest indexes) hand theirs back.")

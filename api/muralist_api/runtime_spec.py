@@ -17,6 +17,7 @@ from muralist_api.base import ApiModel
 from muralist_api.contract.termination import PermanentFailure
 from muralist_api.contract.versions import runtime_lacks, unknown_fields
 from muralist_api.job import DiffusionJobSpec
+from muralist_api.planner.record import ParallelPlan
 
 
 class RuntimeSpec(ApiModel):
@@ -35,6 +36,9 @@ class RuntimeSpec(ApiModel):
     dataset_uri: str | None = Field(None, description="The data set in object storage (spec.dataset.uri/path).")
     inputs_dir: str | None = Field(None, description="Where spec.inputs.volume is mounted (read-only).")
     inputs_uri: str | None = Field(None, description="The input images' prefix in object storage (spec.inputs.uri).")
+    parallel_plan: ParallelPlan | None = Field(
+        None, description="What spec.parallelism's strategy Auto resolved to (spec.parallelism is the plan's): each "
+        "rank confirms it against what it measures before loading.")
 
 
 def runtime_spec_json(runtime: RuntimeSpec) -> str:

@@ -1,5 +1,5 @@
-"""The DiffusionJob's status: phase, conditions, progress with a forecast, per-index failures.
-Written by the operator only."""
+"""The DiffusionJob's status: phase, conditions, progress with a forecast, per-index failures, strategy
+Auto's plan and the cost per output. Written by the operator only."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pydantic import Field
 
 from muralist_api.base import ApiModel
 from muralist_api.contract.output_folder import JOB_FILE
+from muralist_api.planner.record import ParallelPlan
 from muralist_api.step_cache import CacheVerifyStatus
 
 
@@ -49,6 +50,22 @@ class Progress(ApiModel):
     estimated_seconds_remaining: int | None = Field(None, description="Images left divided by imagesPerSecond; "
                                                     "unset while there is no rate.")
     eta: str = Field("", description="estimatedSecondsRemaining for people (`kubectl get dj`), e.g. 4m10s.")
+
+
+class Cost(ApiModel):
+    gpu_seconds: float = Field(0, description="GPU-seconds the job's pods have held so far: each running pod's GPUs "
+                               "(processes for a job without GPUs) times the time it ran.")
+    gpu_seconds_per_item: float | None = Field(None, description="gpuSeconds per item rendered by this job (kept "
+                                               "items left out); unset until one is.")
+    price_per_gpu_hour: float | None = Field(None, description="The price the costs are counted at: the job's "
+                                             "muralist.dev/price-per-gpu-hour annotation, else the operator's "
+                                             "--price-per-gpu-hour; unset: no costs.")
+    cost_so_far: float | None = Field(None, description="gpuSeconds / 3600 x pricePerGpuHour.")
+    estimated_cost_to_finish: float | None = Field(None, description="Items left x gpuSecondsPerItem / 3600 x "
+                                                   "pricePerGpuHour: what the rest of the job should cost.")
+    running_gpus: int = Field(0, description="GPUs (processes without GPUs) of the pods running at accountedAt, "
+                              "counted until the next accounting.")
+    accounted_at: str | None = Field(None, description="When gpuSeconds was last brought up to date.")
 
 
 class IndexStatus(ApiModel):
@@ -94,6 +111,11 @@ class DiffusionJobStatus(ApiModel):
     output_path: str = Field(
         "", description="Where the images are, inside the output volume (or under spec.output.uri).")
     message: str = Field("", description="Why the job is in its phase.")
+    parallel_plan: ParallelPlan | None = Field(
+        None, description="What strategy Auto chose when the job was created, and why (the Planned condition says "
+        "it in a line); the job's pods run that layout.")
+    cost: Cost | None = Field(None, description="Cost per output: GPU-seconds per item, and at a price per "
+                              "GPU-hour the cost so far and the estimate to finish.")
     cache_verify: CacheVerifyStatus | None = Field(
         None, description=f"What generation.cache.verify measured, from the pods that finished ({JOB_FILE} has every "
         "sampled item's figures); a job that failed it says why in message.")

@@ -29,6 +29,7 @@ from muralist_api.contract import (
     MURALIST_STAGE_DIR,
     MURALIST_TERMINATION_LOG,
     MURALIST_TEST_BREAK_CP,
+    MURALIST_TEST_DEVICE_MEMORY,
     MURALIST_TEST_EXIT_AFTER,
     MURALIST_TEST_EXIT_RANK,
     MURALIST_TEST_HANG_AFTER,
@@ -83,6 +84,7 @@ class TestFaults:
     slow_rank: int = -1
     render_repeat: int = 1
     static_plan: bool = False
+    device_memory: str | None = None  # what a rank measures as its devices' free memory (a size: 64MiB)
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> TestFaults:
@@ -99,6 +101,7 @@ class TestFaults:
             slow_rank=_int(env, MURALIST_TEST_SLOW_RANK, -1),
             render_repeat=_int(env, MURALIST_TEST_RENDER_REPEAT, 1),
             static_plan=env.get(MURALIST_TEST_STATIC_PLAN) == "1",
+            device_memory=_text(env, MURALIST_TEST_DEVICE_MEMORY),
         )
 
 

@@ -155,6 +155,9 @@ class JobRecord(BaseModel):
     items: dict[str, int] | None = Field(None, description="The items by status, once merged (rendered, "
                                          "skipped, failed; rerendered).")
     cache_verify: dict[str, Any] | None = Field(None, description="The cache gate's summary, once merged.")
+    memory: dict[str, Any] | None = Field(None, description="The layout's estimated peak per device "
+                                          "(estimatedPeakMiB, its parts) beside each rank's measured peak "
+                                          "(measuredPeakMiB by rank, measuredBy), once merged.")
 
     @property
     def merged(self) -> bool:

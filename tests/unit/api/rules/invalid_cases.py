@@ -35,6 +35,18 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     (
+        "objective-without-auto",
+        make_job().set("spec.parallelism.objective", "latency").obj(),
+        "spec.parallelism.objective",
+        True,
+    ),
+    (
+        "auto-with-processes-and-gpus",
+        make_job().set("spec.parallelism.strategy", "Auto").world(gpus=4, processes=4).obj(),
+        "spec.parallelism.processesPerNode",
+        True,
+    ),
+    (
         "cp-degree-does-not-divide",
         make_job().context_parallel(ulysses=4).world(gpus=6).obj(),
         "spec.parallelism.contextParallel",
