@@ -16,6 +16,8 @@ Its modules, top down (import-linter checks these layers):
   `crd_baseline` (the skew baseline's fields);
 - `kube`: the API calls, each with a timeout and bounded retries (with `handlers`, `main` and the
   progress endpoint's `auth` and `tls`, the only modules that import kubernetes or kopf);
+- `planning`: `strategy: Auto` planned once from the nodes' GPU labels (or the pods' resources) and
+  kept in status (pure);
 - `render`: a DiffusionJob -> its child objects (pure); `pod`: the pods' template;
 - `observe`: summaries of the children, the vocabulary of deciding from them;
 - `progress/`: the endpoint the pods post progress to, and the totals from the posts;

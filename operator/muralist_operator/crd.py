@@ -110,6 +110,27 @@ PRINTER_COLUMNS = [
         "priority": 1,
         "description": "Data-parallel degree",
     },
+    {
+        "name": "Plan",
+        "type": "string",
+        "jsonPath": ".status.parallelPlan.summary",
+        "priority": 1,
+        "description": "What strategy Auto chose (status.parallelPlan has its reasons)",
+    },
+    {
+        "name": "GPU-s/item",
+        "type": "number",
+        "jsonPath": ".status.cost.gpuSecondsPerItem",
+        "priority": 1,
+        "description": "GPU-seconds per item rendered so far (processes for a job without GPUs)",
+    },
+    {
+        "name": "Cost",
+        "type": "number",
+        "jsonPath": ".status.cost.costSoFar",
+        "priority": 1,
+        "description": "Cost so far at the price per GPU-hour (status.cost.estimatedCostToFinish: the rest)",
+    },
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -180,6 +180,20 @@ class Kube:
             propagation_policy="Background",
         )
 
+    # -- nodes: what strategy Auto plans for (planning.py)
+
+    def node_labels(self, selector: str) -> list[dict[str, str]]:
+        """The labels of the nodes a label selector matches; [] when this operator may not list nodes (a
+        chart installed without rbac.discovery): Auto then plans without their labels."""
+        try:
+            nodes = self.core.list_node(label_selector=selector or None)
+        except ApiException as e:
+            if e.status in (401, 403):
+                log.warning("cannot list nodes (%s): strategy Auto plans without their GPU labels", e.reason)
+                return []
+            raise
+        return [dict(n.metadata.labels or {}) for n in nodes.items]
+
     # -- children
 
     def create(self, obj: dict[str, Any], owner: dict[str, Any]) -> bool:

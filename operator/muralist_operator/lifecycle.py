@@ -31,7 +31,7 @@ from muralist_operator.decision import (
 )
 from muralist_operator.naming import pod_selector
 from muralist_operator.observe import ByIndex, Observed, PodView, by_index
-from muralist_operator.policies import deadline, failure, resize, stall, start, suspension, ttl, world
+from muralist_operator.policies import cost, deadline, failure, resize, stall, start, suspension, ttl, world
 from muralist_operator.progress.snapshot import JobProgress
 
 
@@ -167,6 +167,9 @@ def decide(
     if st.phase in TERMINAL_PHASES:
         finish_progress(st)
         stall.reachability(t, None)  # no pod waits for its posts any more
+    running = 0 if st.phase in TERMINAL_PHASES else sum(
+        1 for s in by_index(observed.pods).values() if s.newest.phase == "Running" and not s.newest.deleting)
+    cost.account(st, job, running, cost.price(job, observed.price_per_gpu_hour), now)
     return decision
 
 

@@ -51,7 +51,8 @@ MEMO_THREADS = "threads"
 def settings_from(args: argparse.Namespace) -> OperatorSettings:
     image = args.runtime_image or os.environ.get(MURALIST_RUNTIME_IMAGE)
     settings = OperatorSettings(runtime_image=image) if image else OperatorSettings()
-    return dataclasses.replace(settings, network_policies=args.network_policies)
+    return dataclasses.replace(settings, network_policies=args.network_policies,
+                               price_per_gpu_hour=getattr(args, "price_per_gpu_hour", None))
 
 
 def progress_limits(args: argparse.Namespace) -> Limits:

@@ -13,7 +13,9 @@ from typing import Any
 import yaml
 from muralist_api.job import DiffusionJob
 from muralist_api.manifests import Reader
+from muralist_api.planner.table import CannotPlan
 
+from muralist_operator import planning
 from muralist_operator.render import RenderError, render_children
 from muralist_operator.settings import OperatorSettings
 
@@ -49,8 +51,10 @@ def render_files(files: list[str], namespace: str | None = None, image: str | No
     for job, file in reader.jobs(files):
         ns = namespace or job.metadata.namespace or "default"
         try:
+            if planning.is_auto(job):  # planned as the operator would with no node labels to read
+                job = planning.apply(job, planning.plan_for(job, []))
             objects.extend(render_children(job, ns, settings).all())
-        except RenderError as e:
+        except (RenderError, CannotPlan) as e:
             reader.report([f"{file.source} ({job.metadata.name}): {e}"])
     if reader.failed:
         return 1

@@ -1,5 +1,5 @@
 """Prometheus metrics: jobs by phase, reconcile duration, restarts; and, read from memory when
-Prometheus scrapes, each job's progress and the progress endpoint's answers."""
+Prometheus scrapes, each job's progress and cost (status.cost) and the progress endpoint's answers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
 from wsgiref.simple_server import WSGIServer
 
+from muralist_api.status import Cost
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -26,6 +27,8 @@ PHASES = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"
 JOB_LABELS = ["namespace", "diffusionjob"]
 
 _phases: dict[tuple[str, str], str] = {}
+# status.cost as each job's last reconcile left it: (GPU-seconds, per item, cost so far, cost to finish).
+_costs: dict[tuple[str, str], tuple[float, float | None, float | None, float | None]] = {}
 _guard = threading.Lock()
 
 
@@ -41,10 +44,25 @@ def observe_phase(key: tuple[str, str], phase: str) -> None:
         _publish()
 
 
+def observe_cost(key: tuple[str, str], cost: Cost | None) -> None:
+    with _guard:
+        if cost is None:
+            _costs.pop(key, None)
+        else:
+            _costs[key] = (cost.gpu_seconds, cost.gpu_seconds_per_item, cost.cost_so_far,
+                           cost.estimated_cost_to_finish)
+
+
 def forget(key: tuple[str, str]) -> None:
     with _guard:
         _phases.pop(key, None)
+        _costs.pop(key, None)
         _publish()
+
+
+def job_costs() -> dict[tuple[str, str], tuple[float, float | None, float | None, float | None]]:
+    with _guard:
+        return dict(_costs)
 
 
 def job_phases() -> dict[tuple[str, str], str]:
@@ -83,6 +101,7 @@ class JobCollector(Collector):
             phase.add_metric([namespace, name, current], 1)
         yield phase
         yield from self._progress(active)
+        yield from self._costs(active, set(self._phases()))
         if self._responses is not None:
             answers = CounterMetricFamily("muralist_progress_responses",
                                           "Progress posts answered by the endpoint, by HTTP status code.",
@@ -124,6 +143,23 @@ class JobCollector(Collector):
             if snapshot.oldest_progress_time is not None:
                 quiet.add_metric(labels, snapshot.oldest_progress_time.timestamp())
         yield from (completed, failed, total, rate, eta, quiet)
+
+
+    def _costs(self, active: bool, known: set[tuple[str, str]]) -> Iterator[Metric]:
+        """status.cost of the jobs whose phase this replica tracks."""
+        families = [GaugeMetricFamily(name, text, labels=JOB_LABELS) for name, text in (
+            ("muralist_job_gpu_seconds", "GPU-seconds the job's pods have held so far (status.cost.gpuSeconds)."),
+            ("muralist_job_gpu_seconds_per_item", "GPU-seconds per item rendered (status.cost.gpuSecondsPerItem)."),
+            ("muralist_job_cost", "Cost so far at the price per GPU-hour (status.cost.costSoFar)."),
+            ("muralist_job_estimated_cost_to_finish", "What the rest of the job should cost "
+             "(status.cost.estimatedCostToFinish)."))]
+        for key, values in sorted(job_costs().items() if active else ()):
+            if key not in known:
+                continue
+            for family, value in zip(families, values, strict=True):
+                if value is not None:
+                    family.add_metric(list(key), value)
+        yield from families
 
 
 def serve(port: int, aggregator: Aggregator, responses: Callable[[], Mapping[int, int]] | None,

@@ -200,6 +200,8 @@ class Observed:
     # (kind, name); None: not known (nothing is restored).
     children: frozenset[tuple[str, str]] | None = None
     expected_children: frozenset[tuple[str, str]] = frozenset()
+    # The operator's price per GPU-hour (a job's annotation overrides it: policies.cost).
+    price_per_gpu_hour: float | None = None
 
 
 def job_view(body: Mapping[str, Any]) -> JobView:

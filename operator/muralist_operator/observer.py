@@ -77,7 +77,8 @@ class Observer:
         return Observed(job=current, pods=pods, progress=progress, progress_changes=changes,
                         events=self._warning_events(key, start.event_subjects(found, now)), start_clocks=clocks,
                         children=owned,
-                        expected_children=child_names(job, settings) if job is not None else frozenset())
+                        expected_children=child_names(job, settings) if job is not None else frozenset(),
+                        price_per_gpu_hour=settings.price_per_gpu_hour)
 
     def _start_clocks(self, key: Key, current: JobView | None, pods: list[PodView],
                       now: datetime) -> dict[str, datetime]:

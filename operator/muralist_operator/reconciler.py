@@ -37,10 +37,11 @@ from typing import Any
 
 from muralist_api.contract.progress import ProgressReport
 from muralist_api.job import DiffusionJob
+from muralist_api.planner.table import CannotPlan
 from muralist_api.rules.problems import ValidationProblem
 from muralist_api.status import TERMINAL_PHASES, Phase
 
-from muralist_operator import metrics, skew
+from muralist_operator import metrics, planning, skew
 from muralist_operator.children import ChildCreator, RenderFailure, render_for
 from muralist_operator.decision import (
     REASON_CHILD_RESTORED,
@@ -88,7 +89,9 @@ def _newer(rv: str | None, than: str | None) -> bool:
 
 
 def _besides_progress(status: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in status.items() if k != "progress"}
+    """The status but for what moves with the pods' work and time alone (the counts, the cost so far),
+    which is written at the aggregator's pace or with any other change."""
+    return {k: v for k, v in status.items() if k not in ("progress", "cost")}
 
 
 class Reconciler:
@@ -271,10 +274,19 @@ class Reconciler:
                 job, unknown = skew.read_job(manifest, started)
             except ValidationProblem as refused:  # a rule added since a running job was admitted
                 (job, rules), unknown = skew.read_admitted(manifest, started, refused), []
+            if planning.is_auto(job):  # planned once, then kept in status (planning.py)
+                if status.parallel_plan is None and status.phase not in TERMINAL_PHASES:
+                    status.parallel_plan = planning.plan_for(job, self.kube.node_labels(planning.node_selector(job)))
+                if status.parallel_plan is not None:
+                    job = planning.apply(job, status.parallel_plan)
             observed = self.observe(key, job, now)
             decision = decide(job, status, generation, observed, now)
+            if job.status is not None and job.status.parallel_plan is not None:
+                planning.note(decision, job.status.parallel_plan, now, generation)
             skew.note_unknown(decision, unknown + reading.unknown, now, generation, rules)
             children = render_for(job, key, decision, self.settings)
+        except CannotPlan as e:
+            job, decision = None, decide_failed(status, generation, planning.REASON_CANNOT_PLAN, str(e), now)
         except skew.NewerSpec as e:
             job, decision = None, skew.wait_for_operator(status, generation, e, now)
         except ValidationProblem as e:
@@ -370,6 +382,7 @@ class Reconciler:
         time alone (the queue forgets a job with none), or sooner when its counts wait to be written."""
         phase = decision.status.phase
         metrics.observe_phase(key, str(phase))
+        metrics.observe_cost(key, decision.status.cost)
         dues = [decision.check_again_at]
         awaiting_post = False
         if job is not None:

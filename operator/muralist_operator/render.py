@@ -133,6 +133,8 @@ def runtime_spec(job: DiffusionJob, namespace: str) -> RuntimeSpec:
         dataset_uri=join_uri(dataset.uri, dataset.path) if dataset and dataset.uri else None,
         inputs_dir=contract.INPUTS_MOUNT if inputs and inputs.volume is not None else None,
         inputs_uri=inputs.uri if inputs and inputs.uri else None,
+        # strategy Auto: the plan the pods confirm (planning.apply put it into the job's status)
+        parallel_plan=job.status.parallel_plan if job.status is not None else None,
     )
 
 

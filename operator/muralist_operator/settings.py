@@ -26,6 +26,8 @@ class OperatorSettings:
     progress_ca: str | None = None
     # A NetworkPolicy per job (render_network_policy) unless the job says otherwise.
     network_policies: bool = True
+    # What a GPU-hour costs, for status.cost (a job's muralist.dev/price-per-gpu-hour annotation overrides it).
+    price_per_gpu_hour: float | None = None
 
     def ships_progress_ca(self) -> bool:
         """Whether the pods get the progress endpoint's CA with their spec (a private CA)."""

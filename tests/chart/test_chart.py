@@ -105,11 +105,11 @@ def test_namespaced_mode_grants_a_role_per_namespace(helm: str) -> None:
         binding = one(docs, "RoleBinding", ns)
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"][0]["namespace"] == "muralist-system"
-    # Only two small ClusterRoles stay cluster-wide: discovery (CRDs and namespaces, read-only)
-    # and TokenReview for the progress endpoint.
+    # Only two small ClusterRoles stay cluster-wide: discovery (CRDs and namespaces, read-only; the nodes'
+    # labels, which strategy Auto plans from) and TokenReview for the progress endpoint.
     rules = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole" and not user_role(d)}
     assert {n: {r for rule in rs for r in rule["resources"]} for n, rs in rules.items()} == {
-        "muralist-discovery": {"customresourcedefinitions", "namespaces"},
+        "muralist-discovery": {"customresourcedefinitions", "namespaces", "nodes"},
         "muralist-tokenreview": {"tokenreviews"},
     }
     assert {v for rule in rules["muralist-discovery"] for v in rule["verbs"]} == {"list", "watch"}
@@ -165,6 +165,15 @@ def test_service_monitor_only_when_the_api_is_served(helm: str) -> None:
     args = container(docs)["args"]
     assert args[args.index("--runtime-image") + 1] == "registry.example.com/rt:0.1.0"
     assert args[args.index("--log-format") + 1] == "json"
+
+
+def test_the_price_per_gpu_hour_reaches_the_operator(helm: str) -> None:
+    assert "--price-per-gpu-hour" not in container(render(helm))["args"]
+    args = container(render(helm, {"pricePerGpuHour": "2.49"}))["args"]
+    assert args[args.index("--price-per-gpu-hour") + 1] == "2.49"
+    from muralist_cli import build_parser
+
+    assert build_parser().parse_args(["operator", *args[1:]]).price_per_gpu_hour == 2.49
 
 
 def test_metrics_off(helm: str) -> None:

@@ -104,11 +104,15 @@ kopf handlers in handlers.py), and nothing more.
   verbs: ["create", "list"]
 {{- end -}}
 
-{{/* Cluster-scoped reads kopf makes: new CRDs, and (namespaced mode) namespaces coming and going. */}}
+{{/* Cluster-scoped reads: kopf's (new CRDs, and in namespaced mode namespaces coming and going), and the
+nodes' GPU labels strategy Auto plans from. */}}
 {{- define "muralist.discoveryRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list"]
 {{- if .Values.watchNamespaces }}
 - apiGroups: [""]
   resources: ["namespaces"]

@@ -8,7 +8,8 @@
 - `failure`: failures and restarts, per index;
 - `start`: pods that never start;
 - `world`: worlds that span pods restart together;
-- `stall`: a pod that stopped making progress (and, earlier, whether the job's posts still arrive).
+- `stall`: a pod that stopped making progress (and, earlier, whether the job's posts still arrive);
+- `cost`: GPU-seconds so far and per item, and at a price per GPU-hour the cost so far and to finish.
 
 Each stands alone (import-linter checks it): what two share is a view of the children
 (muralist_operator.observe) or the vocabulary of a decision (muralist_operator.decision)."""

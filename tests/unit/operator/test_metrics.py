@@ -107,3 +107,22 @@ def test_the_metrics_port_serves_the_jobs_progress() -> None:
                for family in text_string_to_metric_families(text) for s in family.samples}
     assert samples[("muralist_job_items_completed_total", CATS)] == 3
     assert samples[("muralist_progress_responses_total", (("code", "204"),))] == 7
+
+
+def test_a_jobs_cost_is_exported_while_its_phase_is_known() -> None:
+    from muralist_api.status import Cost
+
+    key = ("ns", "cost-job")
+    labels = (("diffusionjob", "cost-job"), ("namespace", "ns"))
+    metrics.observe_cost(key, Cost(gpu_seconds=1800, gpu_seconds_per_item=180, cost_so_far=1.8,
+                                   estimated_cost_to_finish=5.04))
+    try:
+        samples = scrape(JobCollector(Aggregator(clock=Clock()), phases=lambda: {key: "Running"}))
+        expected = {"muralist_job_gpu_seconds": 1800, "muralist_job_gpu_seconds_per_item": 180,
+                    "muralist_job_cost": 1.8, "muralist_job_estimated_cost_to_finish": 5.04}
+        assert {name: samples[name, labels] for name in expected} == expected
+        # A job this replica does not track (another's, or one it forgot) exports no cost.
+        assert not [k for k in scrape(JobCollector(Aggregator(clock=Clock()), phases=dict)) if k[1] == labels]
+    finally:
+        metrics.forget(key)
+    assert key not in metrics.job_costs()

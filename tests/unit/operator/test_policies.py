@@ -586,3 +586,61 @@ def test_past_the_start_timeout_the_job_fails_with_the_pods_reason() -> None:
     assert failed_condition.reason == "Unschedulable"
     assert failed_condition.message.startswith("index 0 (pod cats-0-0): Unschedulable: 0/2 nodes are available")
     assert failed_condition.message.endswith("not started after 121s (runPolicy.startTimeoutSeconds=120)")
+
+
+# -- cost: GPU-seconds per item, and the cost at a price per GPU-hour
+
+
+def cost_status(gpu_seconds: float = 0, running: int = 0, at: datetime | None = None, completed: int = 0,
+                kept: int = 0, total: int = 0, failed_items: int = 0) -> DiffusionJobStatus:
+    from muralist_api.status import Cost, Progress
+
+    status = DiffusionJobStatus(progress=Progress(completed=completed, kept=kept, total=total, failed=failed_items))
+    if at is not None or gpu_seconds:
+        status.cost = Cost(gpu_seconds=gpu_seconds, running_gpus=running, accounted_at=at.isoformat() if at else None)
+    return status
+
+
+@pytest.mark.parametrize(
+    ("before", "pods", "gpus", "price", "after"),
+    [
+        # Nothing ran yet: no cost at all.
+        (cost_status(), 0, 4, None, None),
+        # Two pods of 4 GPUs start: counted from now on.
+        (cost_status(), 2, 4, None, {"gpuSeconds": 0, "runningGpus": 8, "gpuSecondsPerItem": None}),
+        # 8 GPUs for 100 s more; 10 items rendered (2 of the 12 were kept from before and cost nothing).
+        (cost_status(1000, 8, NOW - timedelta(seconds=100), completed=12, kept=2, total=40), 2, 4, None,
+         {"gpuSeconds": 1800, "runningGpus": 8, "gpuSecondsPerItem": 180, "costSoFar": None}),
+        # At 3.6 per GPU-hour: 1800 GPU-s cost 1.8; 28 items left at 180 GPU-s each cost 5.04.
+        (cost_status(1000, 8, NOW - timedelta(seconds=100), completed=12, kept=2, total=40), 2, 4, 3.6,
+         {"gpuSeconds": 1800, "costSoFar": 1.8, "estimatedCostToFinish": 5.04, "pricePerGpuHour": 3.6}),
+        # The job ended: the last interval counted, nothing runs any more.
+        (cost_status(100, 4, NOW - timedelta(seconds=10), completed=10, total=10), 0, 4, 1.0,
+         {"gpuSeconds": 140, "runningGpus": 0, "gpuSecondsPerItem": 14, "estimatedCostToFinish": 0}),
+        # A job without GPUs counts its processes.
+        (cost_status(), 1, 0, None, {"runningGpus": 2}),
+    ],
+)
+def test_cost(before: DiffusionJobStatus, pods: int, gpus: int, price: float | None, after: dict | None) -> None:
+    from muralist_operator.policies import cost
+
+    job = make_job().world(gpus=gpus, processes=None if gpus else 2).job()
+    cost.account(before, job, pods, price, NOW)
+    if after is None:
+        assert before.cost is None
+        return
+    assert before.cost is not None
+    wire = before.cost.model_dump(by_alias=True)
+    assert {k: wire[k] for k in after} == after
+    assert wire["accountedAt"] == NOW.isoformat(timespec="seconds")
+
+
+@pytest.mark.parametrize(("annotation", "default", "expected"), [
+    (None, None, None), (None, 2.5, 2.5), ("1.25", 2.5, 1.25), ("free", 2.5, 2.5), ("-1", None, None)])
+def test_the_price_per_gpu_hour(annotation: str | None, default: float | None, expected: float | None) -> None:
+    from muralist_operator.policies import cost
+
+    job = make_job().job()
+    if annotation is not None:
+        job = make_job().set("metadata.annotations", {cost.PRICE_ANNOTATION: annotation}).job()
+    assert cost.price(job, default) == expected
