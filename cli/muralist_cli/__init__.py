@@ -2,7 +2,8 @@
 
 Each subcommand imports its implementation lazily, so `muralist validate` works in the
 operator image (no torch) and `muralist run` works without kopf. `submit` and `status` live in
-`jobs` (their exit codes; the Python client `muralist` does the work).
+`jobs` (their exit codes; the Python client `muralist` does the work); `plan` (what strategy Auto
+would choose, with its reasons) in `plan`.
 """
 
 from __future__ import annotations
@@ -64,6 +65,20 @@ def _status(args: argparse.Namespace) -> int:
     return status(args)
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from muralist_cli.plan import plan
+
+    return plan(args)
+
+
+def _device_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--gpu-memory", default=None, metavar="SIZE",
+                   help=f"Memory of one device {what} (80GiB, 24G); without GPUs, a budget per process. Default: "
+                   "nvidia-smi's, or the memory available now shared by the processes.")
+    p.add_argument("--interconnect", choices=["nvlink", "pcie"], default=None,
+                   help="How the GPUs of a pod are linked (tensor parallelism needs NVLink); default pcie.")
+
+
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = kind(text)
@@ -105,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--network-policies", action=argparse.BooleanOptionalAction, default=True,
                    help="Give each DiffusionJob a NetworkPolicy that admits only its own pods to them (a job's "
                    "spec.networkPolicy.enabled overrides it).")
+    p.add_argument("--price-per-gpu-hour", type=float, default=None, metavar="PRICE",
+                   help="What a GPU-hour costs, for each job's status.cost (a job's muralist.dev/price-per-gpu-hour "
+                   "annotation overrides it); unset: GPU-seconds only.")
     p.add_argument("--health-port", type=int, default=8080, help="Liveness/readiness endpoint port (0: off).")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off).")
     p.add_argument("--peering", default=None, help="kopf peering name, for several replicas (leader election).")
@@ -160,6 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The folder standing in for spec.dataset.volume (default: its hostPath).")
     p.add_argument("--inputs-dir", default=None,
                    help="The folder standing in for spec.inputs.volume (default: its hostPath).")
+    _device_arguments(p, "strategy Auto plans for")
+
+    p = command("plan", _plan, "Choose spec.parallelism for a DiffusionJob the way strategy Auto does: print it "
+                "as YAML, one reason per decision with its figures, and the estimated peak memory per GPU.")
+    p.add_argument("manifest", metavar="JOB.yaml")
+    p.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                   help="GPUs per pod (default the manifest's gpusPerNode; 0 plans for CPU processes).")
+    _device_arguments(p, "to plan for")
+    p.add_argument("--model", default=None, help="Read the model's sizes from this local directory instead of "
+                   "spec.model.name.")
+    p.add_argument("--objective", choices=["throughput", "latency"], default=None,
+                   help="Plan for this objective (default the manifest's, else throughput).")
 
     from muralist_cli.jobs import add_connection_arguments
 

@@ -88,10 +88,17 @@ def _newer(rv: str | None, than: str | None) -> bool:
         return True
 
 
+# What of status.cost changes on its own account (the GPUs running, the price) rather than with time.
+_COST_SETTINGS = ("runningGpus", "pricePerGpuHour")
+
+
 def _besides_progress(status: dict[str, Any]) -> dict[str, Any]:
-    """The status but for what moves with the pods' work and time alone (the counts, the cost so far),
-    which is written at the aggregator's pace or with any other change."""
-    return {k: v for k, v in status.items() if k not in ("progress", "cost")}
+    """The status but for what moves with the pods' work and time alone (the counts, the GPU-seconds and
+    costs so far), which is written at the aggregator's pace or with any other change."""
+    out = {k: v for k, v in status.items() if k != "progress"}
+    if isinstance(out.get("cost"), dict):
+        out["cost"] = {k: v for k, v in out["cost"].items() if k in _COST_SETTINGS}
+    return out
 
 
 class Reconciler:

@@ -50,9 +50,11 @@ def parse_size(text: str) -> int:
 
 
 def gib(size: int | float) -> str:
-    """A size for people: 23.8 GiB, 512 MiB."""
+    """A size for people: 23.8 GiB, 512 MiB, 2.5 MiB, 300 KiB."""
     if abs(size) >= GIB:
         return f"{size / GIB:.1f} GiB"
+    if abs(size) < MIB:
+        return f"{size / 1024:.0f} KiB"
     return f"{size / MIB:.1f} MiB" if abs(size) < 10 * MIB else f"{size / MIB:.0f} MiB"
 
 

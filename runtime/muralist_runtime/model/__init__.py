@@ -1,7 +1,8 @@
 """The model of a pod's run, one module for each thing done with it: resolve the name a job gives
 (resolve; a built-in tiny model built, or the trained one read from the package: tiny, bundled, shapes;
-the hub's refusals classified: hub), check its parallel layout (strategies, preflight), load it once the
-world exists (loading: staged by staging, `from_pretrained`, the job's features applied by features:
-adapters, scheduler, the step cache; VAE tiling, the compile and its warm-up), call it (call: what it
-takes, a batch's kwargs, its outputs checked; inputs: the items' input images decoded) and check that its
-parallel layout renders right (canary)."""
+the hub's refusals classified: hub), read its sizes without loading it (sizes), check its parallel
+layout (strategies, preflight), load it once the world exists (loading: staged by staging,
+`from_pretrained`, the job's features applied by features: adapters, scheduler, the step cache; VAE
+tiling, the compile and its warm-up), call it (call: what it takes, a batch's kwargs, its outputs
+checked; inputs: the items' input images decoded) and check that its parallel layout renders right
+(canary)."""

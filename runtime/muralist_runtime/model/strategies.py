@@ -45,6 +45,8 @@ class Plan:
     attention_backend: str | None = None
     uneven: str = ""  # diffusers' uneven-split mode (ContextParallelConfig.<mode>=True), or ""
     tp_degree: int = 1
+    # The estimated peak per device of this layout (plan/confirm.py), for the job file; empty when unknown.
+    memory_estimate: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
         """The group layout in words, for messages."""
@@ -236,6 +238,10 @@ REGISTRY: dict[str, type[ParallelStrategy]] = {
 
 
 def get_strategy(name: str) -> ParallelStrategy:
+    if name == Strategy.AUTO:
+        raise PermanentFailure("spec.parallelism.strategy", "Auto is planned before the pods start (by the operator, "
+                               "or by muralist run), and this spec was not: run it through either, or set the "
+                               "strategy `muralist plan` prints")
     try:
         return REGISTRY[name]()
     except KeyError:

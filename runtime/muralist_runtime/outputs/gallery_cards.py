@@ -24,7 +24,8 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def job_line(caption: Mapping[str, Any]) -> str:
-    """model, scheduler, adapters (name and scale), strategy, each escaped; "" when none is given."""
+    """model, scheduler, adapters (name and scale), strategy (strategy Auto's plan, its reasons on hover),
+    each escaped; "" when none is given."""
     esc = html.escape
     parts = []
     for label in ("model", "scheduler"):
@@ -38,7 +39,10 @@ def job_line(caption: Mapping[str, Any]) -> str:
                             + (f" &times;{esc(str(scale))}" if scale is not None else ""))
     if adapters:
         parts.append(("adapter " if len(adapters) == 1 else "adapters ") + ", ".join(adapters))
-    if caption.get("strategy"):
+    if caption.get("plan"):  # strategy Auto: the plan, its reasons on hover
+        reasons = "\n".join(str(r) for r in caption.get("planReasons") or ())
+        parts.append(f'strategy <b title="{esc(reasons)}">{esc(str(caption["plan"]))}</b>')
+    elif caption.get("strategy"):
         parts.append(f"strategy <b>{esc(str(caption['strategy']))}</b>")
     return f'<p class="job">{" &middot; ".join(parts)}</p>' if parts else ""
 

@@ -3,7 +3,8 @@
 `RankProgress` is what the claim/render loop talks to. Pods print one line per finished item on
 stdout (`MURALIST_PROGRESS {json}`) for machines reading the logs; every rank, writer or not,
 keeps its rank file (rank_files.py) current from the pipeline's step callback, which the pod's
-reporter (push.py) and `muralist run`'s whole-job bar read. `start` sets both up for a rank.
+reporter (push.py) and `muralist run`'s whole-job bar read, with its peak memory so far
+(peak_memory.py), which the job file records. `start` sets both up for a rank.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from muralist_api.contract.env import PodEnv
 from muralist_api.step_cache import CacheSample
 
 from ..world.distributed import Layout
+from . import peak_memory
 from .push import PodReporter, target_from_env
 from .rank_files import RankFile, RankState, now_iso, progress_dir
 
@@ -56,11 +58,15 @@ class RankProgress:
     def counts(self) -> Counts:
         return self.state.counts
 
+    def _note_peak(self) -> None:
+        self.state.peak_memory_mib, self.state.peak_measured_by = peak_memory.peak_mib()
+
     def item_done(self, key: str, status: str, seconds: float, rerendered: bool = False) -> None:
         """An item finished: "completed" (rendered now; `rerendered`: in place of one made for another
         request), "skipped" (kept from before) or "failed"."""
         if not self.writes:
             return
+        self._note_peak()  # its decode, after its last step
         counts = self.state.counts
         if status == "completed":
             counts.completed += 1
@@ -88,6 +94,7 @@ class RankProgress:
         """Called by the pipeline's step callback on every rank (writers or not)."""
         self.steps += 1
         self.state.last_step_time = now_iso()
+        self._note_peak()
         if self.rank_file is not None:
             self.rank_file.update(self.state)
 
@@ -101,6 +108,7 @@ class RankProgress:
     def finished(self) -> None:
         """This rank has no more work: its silence from now on is expected."""
         self.state.done = True
+        self._note_peak()
         if self.rank_file is not None:
             self.rank_file.update(self.state, force=True)
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from muralist_api.contract import Counts
 from muralist_api.contract.env import PodEnv
@@ -49,12 +50,17 @@ class RankState:
     # Waiting for work that may never come (chunks handed back at the end): quiet by right, like a
     # done rank, for the stall policy; not done, for its pod's first rank, which waits for it.
     idle: bool = False
+    # This rank's peak memory so far and how it was measured (report/peak_memory.py), for the job file.
+    peak_memory_mib: float | None = None
+    peak_measured_by: str = ""
 
     def to_json(self) -> str:
         doc = {**asdict(self.counts), "jobTotal": self.job_total, "lastStepTime": self.last_step_time,
                "lastImageTime": self.last_image_time, "done": self.done, "idle": self.idle}
         if self.cache_sample is not None:
             doc["cacheVerify"] = self.cache_sample.to_wire()
+        if self.peak_memory_mib is not None:
+            doc["peakMemoryMiB"], doc["peakMeasuredBy"] = round(self.peak_memory_mib, 1), self.peak_measured_by
         return json.dumps(doc)
 
     @classmethod
@@ -62,7 +68,8 @@ class RankState:
         doc = json.loads(text)
         return cls(Counts(*(int(doc.get(k, 0)) for k in ("completed", "skipped", "failed", "total", "rerendered"))),
                    int(doc.get("jobTotal", 0)), doc.get("lastStepTime"), doc.get("lastImageTime"),
-                   bool(doc.get("done")), CacheSample.from_wire(doc.get("cacheVerify")), bool(doc.get("idle")))
+                   bool(doc.get("done")), CacheSample.from_wire(doc.get("cacheVerify")), bool(doc.get("idle")),
+                   doc.get("peakMemoryMiB"), str(doc.get("peakMeasuredBy") or ""))
 
 
 def progress_dir(env: dict[str, str] | None = None) -> Path:
@@ -154,6 +161,30 @@ def read_pod(directories: list[Path]) -> PodState:
     pod.done = pod.done and pod.ranks > 0
     pod.quiet = pod.quiet and pod.ranks > 0
     return pod
+
+
+def read_peaks(directory: Path) -> tuple[dict[str, float], str]:
+    """Each rank's peak memory in this pod's progress directory, by rank, and how it was measured."""
+    peaks: dict[str, float] = {}
+    by = ""
+    for path in sorted(directory.glob("rank-*.json")):
+        try:
+            one = RankState.parse(path.read_text())
+        except (OSError, ValueError, TypeError):
+            continue
+        if one.peak_memory_mib is not None:
+            peaks[path.stem.removeprefix("rank-")] = float(one.peak_memory_mib)
+            by = by or one.peak_measured_by
+    return dict(sorted(peaks.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)), by
+
+
+def memory_reader(directory: Path, estimate: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """What the job file's `memory` says when the merge writes it: the layout's estimate (plan/confirm.py)
+    beside each of this pod's ranks' measured peaks, read then (the ranks have finished their items)."""
+    def record() -> dict[str, Any]:
+        peaks, by = read_peaks(directory)
+        return {**estimate, "measuredPeakMiB": peaks, "measuredBy": by} if peaks or estimate else {}
+    return record
 
 
 def read_counts(directories: list[Path]) -> Counts:

@@ -23,7 +23,8 @@ def test_a_size_that_is_not_one_says_how_to_write_it(text: str) -> None:
 
 
 def test_gib_for_people() -> None:
-    assert (gib(80 << 30), gib(512 << 20), gib(5 << 19)) == ("80.0 GiB", "512 MiB", "2.5 MiB")
+    assert (gib(80 << 30), gib(512 << 20), gib(5 << 19), gib(300 << 10)) == ("80.0 GiB", "512 MiB", "2.5 MiB",
+                                                                            "300 KiB")
 
 
 @pytest.mark.parametrize(("labels", "link"), [
