@@ -87,3 +87,19 @@ def test_a_hub_repo_is_read_by_ranged_requests(tmp_path: Path, hub_server: HubSe
                                                           for p in repo.rglob("*.safetensors")}
     assert {r.range for r in reads} == {"bytes=0-100000"} and {r.status for r in reads} <= {206, 302}
     assert all(p.stat().st_size < 1 << 20 for p in (tmp_path / "hf").rglob("*") if p.is_file())
+
+
+def test_muralist_render_plans_an_auto_job_as_the_operator_would_without_node_labels(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = make_job("clip").set("spec.model", {"name": "muralist/tiny-wan", "dtype": "float32"}).prompts("a fox")
+    job.generation(height=64, width=64, numFrames=17).output(format="mp4")
+    job.set("spec.parallelism", {"strategy": "Auto", "objective": "latency", "gpusPerNode": 0,
+                                 "processesPerNode": 2})
+    path = tmp_path / "clip.yaml"
+    path.write_text(yaml.safe_dump(job.obj()))
+    assert main(["render", str(path)]) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    runtime = yaml.safe_load(config_map["data"]["spec.json"])
+    assert runtime["spec"]["parallelism"]["contextParallel"] == {"ulyssesDegree": 2}
+    assert runtime["parallelPlan"]["reasons"][0].startswith("unknown-memory: ")  # no budget given
