@@ -56,6 +56,13 @@ class DatasetColumns(ApiModel):
     mask: str | None = Field(None, description="Column with the inpainting mask path.")
     strength: str | None = Field(None, description="Column with each row's strength.")
     id: str | None = Field(None, description="Column with each row's id, kept in the metadata and the index.")
+    height: str | None = Field(
+        None, description="Column with each row's height in pixels (a multiple of 8), instead of generation.height; "
+        "a job of several sizes renders them grouped by size (one compiled graph per size with generation.compile).")
+    width: str | None = Field(
+        None, description="Column with each row's width in pixels (a multiple of 8), instead of generation.width.")
+    num_frames: str | None = Field(
+        None, description="Column with each row's frame count (video pipelines), instead of generation.numFrames.")
 
 
 class Dataset(StoredAt):

@@ -7,6 +7,8 @@ generation.imagesPerPrompt items. Pure and shared by the runtime and the operato
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pydantic import BaseModel, ConfigDict
 
 from muralist_api.job import Generation
@@ -15,6 +17,17 @@ from muralist_api.job import Generation
 def item_key(row: int, image_index: int) -> str:
     """The item's file name stem: `<row>-<image>`, zero-padded so keys of a job sort like items."""
     return f"{row:05d}-{image_index:03d}"
+
+
+class Shape(NamedTuple):
+    """An output's size: what one pipeline call shares (a call renders every item of it at one size)."""
+
+    height: int
+    width: int
+    num_frames: int | None = None  # None: the pipeline's default (or an image)
+
+    def describe(self) -> str:
+        return f"{self.width}x{self.height}" + (f"x{self.num_frames}" if self.num_frames is not None else "")
 
 
 class Item(BaseModel):
@@ -30,12 +43,21 @@ class Item(BaseModel):
     image: str | bytes | None = None
     mask: str | bytes | None = None
     strength: float | None = None
+    # The row's own size (data-set columns height, width, numFrames); None: the job's (spec.generation).
+    height: int | None = None
+    width: int | None = None
+    num_frames: int | None = None
     # Why the row could not be read (a seed that is no integer, no prompt): the item fails.
     error: str | None = None
 
     @property
     def key(self) -> str:
         return item_key(self.row, self.image_index)
+
+    def shape(self, generation: Generation) -> Shape:
+        """The size this item renders at: its own where its row gives one, else the job's."""
+        return Shape(self.height or generation.height, self.width or generation.width,
+                     self.num_frames if self.num_frames is not None else generation.num_frames)
 
     def number(self, images_per_prompt: int) -> int:
         """The item's place in the whole job (0-based), the order of manifests and galleries."""
@@ -81,13 +103,13 @@ def item_seed(base_seed: int, row_seed: int | None, row: int, image_index: int, 
 
 def row_items(row: int, prompt: str, generation: Generation, *, negative_prompt: str | None = None,
               seed: int | None = None, id: str | None = None, image: str | bytes | None = None,
-              mask: str | bytes | None = None, strength: float | None = None,
-              error: str | None = None) -> list[Item]:
+              mask: str | bytes | None = None, strength: float | None = None, height: int | None = None,
+              width: int | None = None, num_frames: int | None = None, error: str | None = None) -> list[Item]:
     """The imagesPerPrompt items of one row."""
     ipp = generation.images_per_prompt
     return [
         Item(row=row, image_index=i, prompt=prompt, negative_prompt=negative_prompt,
              seed=item_seed(generation.seed, seed, row, i, ipp), id=id, image=image, mask=mask, strength=strength,
-             error=error)
+             height=height, width=width, num_frames=num_frames, error=error)
         for i in range(ipp)
     ]

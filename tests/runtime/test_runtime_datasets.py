@@ -248,3 +248,45 @@ def test_muralist_run_renders_a_parquet_data_set(tmp_path: Path, runtime_env, da
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in (out / "manifest.jsonl").read_text().splitlines()]
     assert [(m["key"], m["prompt"]) for m in lines] == [(f"{i:05d}-000", f"a red fox number {i}") for i in range(1, 5)]
+
+
+# -- rows of several sizes -----------------------------------------------------------------------------------
+
+SIZED = [{"prompt": f"a shape number {i}", "h": h, "w": w}
+         for i, (h, w) in enumerate([(32, 32), (48, 32), (32, 32), (32, 48), (48, 32), (None, None), (32, 48)])]
+
+
+def test_rows_of_several_sizes_render_grouped_by_size_with_the_pixels_of_one_at_a_time(
+        tmp_path: Path, runtime_env, tiny_model: Path) -> None:
+    import numpy as np
+    import torch
+    from muralist_api.runtime_spec import RuntimeSpec
+    from muralist_runtime.model import call, loading
+    from muralist_runtime.work import rows
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "rows.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if v is not None}) + "\n"
+                                             for r in SIZED))
+    job = make_job().generation(batchSize=2).obj()
+    job.pop("prompts")
+    job["dataset"] = {"volume": {"hostPath": {"path": str(data)}}, "path": "rows.jsonl",
+                      "columns": {"prompt": "prompt", "height": "h", "width": "w"}}
+    out = tmp_path / "sized"
+    spec = spec_json(job, out, data)
+    run = torchrun(spec, out, runtime_env, 1)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for i, r in enumerate(SIZED):
+        meta = run.meta(f"{i:05d}-000")
+        assert (meta["height"], meta["width"]) == (r["h"] or 32, r["w"] or 32)
+        assert run.pixels(f"{i:05d}-000").shape == (r["h"] or 32, r["w"] or 32, 3)
+
+    # One item a call, in this process, at the job's batch size (render/batching.py pads every call to it).
+    torch.set_num_threads(1)
+    runtime = RuntimeSpec.model_validate_json(spec)
+    pipe = loading.load_pipeline(runtime, str(tiny_model), None)
+    source = rows.open_rows(runtime)
+    for item in rows.items_of(source.rows(0, source.count()), runtime.spec.generation):
+        alone, why = call.render_checked(pipe, runtime, [item], pad_to=2)[0]
+        assert why is None
+        assert np.array_equal(np.asarray(alone.image, dtype=np.int16), run.pixels(item.key)), item.key

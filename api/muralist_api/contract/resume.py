@@ -102,7 +102,8 @@ def request_digest(spec: DiffusionJobSpec, item: Item, input_shas: Mapping[str, 
     generation = spec.generation.model_dump(
         mode="json", exclude=set(SPEED_ONLY_GENERATION_FIELDS | ITEM_GENERATION_EXCLUDED), exclude_defaults=True)
     own = {"prompt": item.prompt, "negativePrompt": item.negative_prompt, "seed": item.seed,
-           "strength": item.strength, **{f"{name}Sha256": sha for name, sha in sorted(input_shas.items())}}
+           "strength": item.strength, "height": item.height, "width": item.width, "numFrames": item.num_frames,
+           **{f"{name}Sha256": sha for name, sha in sorted(input_shas.items())}}
     doc = {"model": spec.model.model_dump(mode="json", include=set(PIXEL_MODEL_FIELDS), exclude_defaults=True),
            "generation": generation, "item": {k: v for k, v in own.items() if v is not None}}
     # ensure_ascii: a prompt's lone surrogate is digested as its escape, not refused.

@@ -157,6 +157,7 @@ def write_part(root: Path, chunk: int, entries: Iterable[dict[str, Any]]) -> Non
 def metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float) -> dict[str, Any]:
     spec = runtime.spec
     gen = spec.generation
+    shape = item.shape(gen)
     meta = {
         "key": item.key,
         "index": item.number(gen.images_per_prompt),
@@ -168,8 +169,8 @@ def metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float) -> dic
         "seed": item.seed,
         "steps": gen.steps,
         "guidanceScale": gen.guidance_scale,
-        "height": gen.height,
-        "width": gen.width,
+        "height": shape.height,
+        "width": shape.width,
         "model": spec.model.name,
         "revision": spec.model.revision,
         "dtype": spec.model.dtype,

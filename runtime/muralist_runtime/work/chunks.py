@@ -114,8 +114,19 @@ def make_plan(spec: DiffusionJobSpec, rows: int, start: int) -> WorkPlan:
         chunk_rows = spec.output.shard_size  # one shard per chunk
     else:
         groups = max(1, par.world_size // par.group_size)
-        chunk_rows = max(1, min(MAX_CHUNK_ROWS, math.ceil(rows / (groups * CHUNKS_PER_GROUP))))
+        chunk_rows = whole_batches(max(1, min(MAX_CHUNK_ROWS, math.ceil(rows / (groups * CHUNKS_PER_GROUP)))),
+                                   spec.generation.batch_size, spec.generation.images_per_prompt)
     return WorkPlan(start, rows, chunk_rows, spec.generation.images_per_prompt)
+
+
+def whole_batches(chunk_rows: int, batch_size: int, images_per_prompt: int) -> int:
+    """`chunk_rows` moved to the nearest count whose items fill whole batches (render/batching.py pads a short
+    batch), up to MAX_CHUNK_ROWS unless one batch's rows are more."""
+    step = batch_size // math.gcd(batch_size, images_per_prompt)  # rows whose items fill whole batches
+    if step == 1:
+        return chunk_rows
+    up = math.ceil(chunk_rows / step) * step
+    return up if up <= max(MAX_CHUNK_ROWS, step) else MAX_CHUNK_ROWS // step * step
 
 
 def merge_wait_bound(plan: WorkPlan, floor: float, slowest_item_seconds: float) -> float:

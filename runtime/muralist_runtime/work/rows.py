@@ -100,7 +100,7 @@ def dataset_rows(runtime: RuntimeSpec) -> DatasetRows:
         raise PermanentFailure("spec.dataset.volume", "set, but the data set volume was not mounted")
     c = dataset.columns
     columns = Columns(prompt=c.prompt, negative_prompt=c.negative_prompt, seed=c.seed, image=c.image, mask=c.mask,
-                      strength=c.strength, id=c.id)
+                      strength=c.strength, id=c.id, height=c.height, width=c.width, num_frames=c.num_frames)
     try:
         # The first file's header, schema or first rows against every mapped column, then the
         # count: before any item renders and before any weight loads.
@@ -142,5 +142,6 @@ def items_of(rows: Iterable[Row], generation: Generation) -> list[Item]:
     out: list[Item] = []
     for row in rows:
         out += row_items(row.index, row.prompt, generation, negative_prompt=row.negative_prompt, seed=row.seed,
-                         id=row.id, image=row.image, mask=row.mask, strength=row.strength, error=row.error)
+                         id=row.id, image=row.image, mask=row.mask, strength=row.strength, height=row.height,
+                         width=row.width, num_frames=row.num_frames, error=row.error)
     return out

@@ -33,6 +33,9 @@ class Columns:
     mask: str | None = None
     strength: str | None = None
     id: str | None = None
+    height: str | None = None
+    width: str | None = None
+    num_frames: str | None = None
 
     def mapped(self) -> dict[str, str]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -55,6 +58,9 @@ class Row:
     image: str | bytes | None = None
     mask: str | bytes | None = None
     strength: float | None = None
+    height: int | None = None
+    width: int | None = None
+    num_frames: int | None = None
     error: str | None = None
 
     @property
@@ -157,6 +163,38 @@ def _strength(value: Any) -> float | None:
     return number
 
 
+# What spec.generation allows for height, width and numFrames (api/muralist_api/generation.py).
+SIZE_MAX, SIZE_MULTIPLE, FRAMES_MAX = 16384, 8, 1025
+
+
+def _whole(value: Any, what: str) -> int | None:
+    """A whole number or None (absent); a float that is one counts (pandas writes integer columns with a
+    missing value as floats)."""
+    if _absent(value) or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and _INT.fullmatch(value.strip())):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Invalid(f"{what} {value!r} is not a whole number")
+    return value
+
+
+def _size(what: str) -> Any:
+    def convert(value: Any) -> int | None:
+        size = _whole(value, what)
+        if size is not None and not (SIZE_MULTIPLE <= size <= SIZE_MAX and size % SIZE_MULTIPLE == 0):
+            raise _Invalid(f"{what} {size} is not a multiple of {SIZE_MULTIPLE} in {SIZE_MULTIPLE}..{SIZE_MAX}")
+        return size
+    return convert
+
+
+def _frames(value: Any) -> int | None:
+    frames = _whole(value, "numFrames")
+    if frames is not None and not 1 <= frames <= FRAMES_MAX:
+        raise _Invalid(f"numFrames {frames} is outside 1..{FRAMES_MAX}")
+    return frames
+
+
 def _image(value: Any) -> str | bytes:
     if isinstance(value, dict) and ("bytes" in value or "path" in value):
         value = value.get("bytes") or value.get("path")  # a datasets Image feature, undecoded
@@ -172,4 +210,5 @@ def _image(value: Any) -> str | bytes:
 
 
 _CONVERT = {"prompt": _prompt, "negative_prompt": _optional_text, "seed": _seed, "image": _image,
-            "mask": _image, "strength": _strength, "id": _id}
+            "mask": _image, "strength": _strength, "id": _id, "height": _size("height"), "width": _size("width"),
+            "num_frames": _frames}

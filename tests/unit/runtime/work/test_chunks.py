@@ -39,6 +39,21 @@ def test_plan_cuts_rows_into_small_chunks(rows: int, processes: int, nodes: int,
     assert covered == list(range(rows)), "every row in exactly one chunk, in order"
 
 
+@pytest.mark.parametrize(("rows", "batch", "per_prompt", "chunk_rows"), [
+    (800, 4, 1, 28),  # 25 rows a chunk would leave a batch of 1 in each: 28 fill 7 batches
+    (800, 1, 1, 25),  # one item a call: nothing to fill
+    (3, 4, 1, 4),  # fewer rows than a batch: one batch's rows
+    (2000, 3, 1, 30),  # 32 rows a chunk at most: the largest multiple of 3 below
+    (800, 4, 2, 26),  # 2 items a row: 2 rows fill a batch
+    (100, 64, 1, 64),  # a batch larger than a chunk: one batch a chunk
+])
+def test_chunks_hold_whole_batches(rows: int, batch: int, per_prompt: int, chunk_rows: int) -> None:
+    job = make_job().world(nodes=1, gpus=0, processes=2).generation(batchSize=batch, imagesPerPrompt=per_prompt).job()
+    plan = chunks.make_plan(job.spec, rows, 0)
+    assert plan.chunk_rows == chunk_rows
+    assert (plan.chunk_rows * per_prompt) % batch == 0
+
+
 def test_webdataset_chunks_are_shards() -> None:
     plan = plan_for(2500, 2, layout="webdataset", shardSize=1000)
     assert (plan.chunk_rows, plan.chunks, plan.bounds(2)) == (1000, 3, (2000, 2500))

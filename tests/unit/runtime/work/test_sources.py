@@ -110,6 +110,18 @@ def test_column_mapping_and_conversions(tmp_path: Path) -> None:
     assert (rows[2].seed, rows[2].strength, rows[2].id, rows[2].error) == (9, None, None, None)
 
 
+def test_size_columns_give_each_row_its_own_size(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "sizes.jsonl", [
+        {"p": "a", "h": 64, "w": 32, "f": 17}, {"p": "b", "w": 64}, {"p": "c", "h": 48.0, "w": "96", "f": 9},
+        {"p": "d", "h": 60, "w": 64}, {"p": "e", "h": 64, "f": 0}, {"p": "f", "f": 2000},
+    ])
+    rows = list(RowSource(path, columns=Columns(prompt="p", height="h", width="w", num_frames="f")).rows(0, 9))
+    assert [(r.height, r.width, r.num_frames) for r in rows[:3]] == [(64, 32, 17), (None, 64, None), (48, 96, 9)]
+    assert [r.error for r in rows[3:]] == ["column 'h': height 60 is not a multiple of 8 in 8..16384",
+                                           "column 'f': numFrames 0 is outside 1..1025",
+                                           "column 'f': numFrames 2000 is outside 1..1025"], "a bad size fails its row"
+
+
 def test_image_only_source_needs_no_prompt(tmp_path: Path) -> None:
     path = write_csv(tmp_path / "i.csv", ["file"], [["a.png"], ["b.png"]])
     rows = list(RowSource(path, columns=Columns(prompt=None, image="file")).rows(0, 5))
