@@ -1,8 +1,9 @@
 """The GPU proof's CPU dry run (`hack/gpu-check.sh --dry-run`): every check it makes on a lent GPU,
 at toy sizes on the CPU, so that the script cannot rot between the tasks that are lent one.
 
-The dry run spawns `muralist run` twice (real launcher agents and torchrun): ~35 s on 2 idle cores,
-about 2 minutes on a loaded one.
+The dry run spawns `muralist run` three times (real launcher agents and torchrun) and compiles the toy
+transformer twice on the CPU (cold, then from the compile cache): ~90 s on 2 idle cores, about 3 minutes on a
+loaded one.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from muralist_api.step_cache import CACHES
 pytestmark = pytest.mark.torchrun
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKS = ["build", "render-path", "attention", "cache", "batching", "vae-tiling", "muralist-run", "compile"]
+CHECKS = ["build", "render-path", "attention", "cache", "batching", "vae-tiling", "muralist-run", "per-item",
+          "compile"]
 BACKENDS = ["native", "_native_cudnn", "_native_flash", "flash", "sage"]
 VERDICTS = {"ok", "FAIL", "n/a", "skipped (dry run)"}
 
@@ -55,9 +57,9 @@ def load_gpu_check():
 
 def test_dry_run_lists_every_check_and_passes(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    # The script's own hard limit for the dry run is 300 s (a killed run prints its rows and exits 1).
+    # The script's own hard limit for the dry run is 450 s (a killed run prints its rows and exits 1).
     proc = subprocess.run(["bash", "hack/gpu-check.sh", "--dry-run", "--out", str(out)], cwd=REPO, env=script_env(),
-                          capture_output=True, text=True, timeout=420)
+                          capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert proc.stdout.startswith("GPU check: CPU dry run"), proc.stdout[:500]
     rows = parse_table(proc.stdout)
@@ -82,7 +84,14 @@ def test_dry_run_lists_every_check_and_passes(tmp_path: Path) -> None:
     runs = {r["setting"].split(":")[0]: r for r in by_path["muralist-run"]}
     assert set(runs) == {"DataParallel", "DeviceMap"}
     assert all(r["verdict"] == "ok" and r["figure"].startswith("exit 0; 4/4 PNGs") for r in runs.values())
-    assert [r["verdict"] for r in by_path["compile"]] == ["skipped (dry run)"]
+    # Compile on the CPU: cold (the entry written), then as a new pod from the compile cache, and the step time.
+    assert [r["setting"].split(":")[0] for r in by_path["compile"]] == ["off", "cold", "a new pod", "on"]
+    cold, warm = by_path["compile"][1:3]
+    assert "cache hit False" in cold["figure"] and "entry " in cold["figure"], cold
+    assert "cache hit True; 0 graphs compiled, 0 kernels built" in warm["figure"], warm
+    assert all(r["verdict"] == "ok" for r in by_path["compile"])
+    (per_item,) = by_path["per-item"]
+    assert per_item["verdict"] == "ok" and "ms/item" in per_item["figure"], per_item
     assert [r["verdict"] for r in by_path["vae-tiling"]] == ["skipped (dry run)"]
     # What --out keeps: the same table, the rows as they came, the run logs.
     assert parse_table((out / "gpu-check.md").read_text()) == rows

@@ -1,11 +1,10 @@
 """Loading the pipeline once the world exists: staged, loaded (`from_pretrained` of the source resolve.py
 found, with the spec's pipeline class and dtype), checked against the layout and the call, with the
-job's features (adapters, scheduler, step cache), VAE tiling when asked, verified by the canary,
-parallelised and, when asked, compiled (a regional torch.compile of the transformer's repeated blocks)
-and warmed up.
+job's features (adapters, scheduler, step cache), VAE tiling when asked, verified by the canary and
+parallelised. generation.compile comes after, in compiling.py.
 
 Timings: loadSeconds (staging, from_pretrained, placement, parallel setup, MagCache's calibration
-included), calibrateSeconds (that render alone), verifySeconds and compileSeconds (warm-up included).
+included), calibrateSeconds (that render alone) and verifySeconds.
 """
 
 from __future__ import annotations
@@ -65,8 +64,6 @@ def load(runtime: RuntimeSpec, strategy: ParallelStrategy, plan: Plan, source: s
         start = time.perf_counter()
         canary.check(pipe, runtime, first, world, reference, plan.describe())
         timings["verifySeconds"] = time.perf_counter() - start
-    if spec.generation.compile:
-        compile_and_warm_up(pipe, runtime, first, gpu, world, timings)
     return pipe
 
 
@@ -109,47 +106,3 @@ def enable_vae_tiling(pipe: Any) -> bool:
         return False
     vae.enable_tiling()
     return True
-
-
-
-def compile_and_warm_up(pipe: Any, runtime: RuntimeSpec, first: Item, gpu: bool, world: DistributedWorld,
-                        timings: dict[str, float]) -> None:
-    """generation.compile: regional compile, then one call at the job's resolution and batch.
-
-    The warm-up pays the compilation before generateSeconds starts (at the batch size the job
-    renders: a batch of another size would compile again at the first real call). On CPU the option is
-    accepted and ignored (inductor's CPU codegen needs a compiler toolchain the runtime image
-    need not have, and CPU runs are tests and demos).
-    """
-    if not gpu:
-        log.warning("generation.compile: ignored on CPU (GPU only)")
-        return
-    start = time.perf_counter()
-    what = compile_transformer(pipe, world.layout.group_size > 1)
-    batch = [first] * runtime.spec.generation.batch_size
-    call.render(pipe, runtime, batch, steps=min(2, runtime.spec.generation.steps))
-    timings["compileSeconds"] = time.perf_counter() - start
-    log.info("compiled %s and warmed up in %.1fs", what, timings["compileSeconds"])
-
-
-def compile_transformer(pipe: Any, parallel: bool) -> str:
-    """Regional torch.compile of the transformer's repeated blocks; returns what was compiled.
-
-    Compiling the repeated block once (diffusers' compile_repeated_blocks) instead of the whole
-    model cuts compile time from minutes to tens of seconds for the same steady-state gain.
-    Within a CP/TP group the blocks call collectives (all-to-all, DTensor), which may break the
-    graph, so fullgraph is only demanded without parallelism.
-    """
-    transformer = getattr(pipe, "transformer", None)
-    if transformer is None:
-        return "nothing (no transformer)"
-    if getattr(transformer, "_repeated_blocks", None):
-        transformer.compile_repeated_blocks(fullgraph=not parallel)
-        return f"repeated blocks {list(transformer._repeated_blocks)}"
-    compiled = 0
-    for name in ("transformer_blocks", "single_transformer_blocks"):
-        for block in getattr(transformer, name, None) or []:
-            block.compile(fullgraph=not parallel)
-            compiled += 1
-    return f"{compiled} blocks"
-
