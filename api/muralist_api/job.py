@@ -115,7 +115,8 @@ def spec_problems(spec: DiffusionJobSpec) -> list[Problem]:
             *credentials_problems(spec), *shared_output_problems(spec),
             *strategy_section_problems(spec.parallelism), *auto_problems(spec.parallelism),
             *process_problems(spec.parallelism),
-            *layout_problems(spec), *workload_problems(spec), *queue_problems(spec), *size_problems(spec)]
+            *layout_problems(spec), *workload_problems(spec), *queue_problems(spec), *checkpoint_problems(spec),
+            *size_problems(spec)]
 
 
 @python_rule(no_cel=(
@@ -200,6 +201,8 @@ def workload_problems(spec: DiffusionJobSpec) -> list[Problem]:
     if gen.cache is not None:
         out += cache_problems(gen.cache.type, gen.cache.options, par.strategy)
     out += workloads.extra_args_problems(gen.extra_args)
+    if spec.run_policy.checkpoint is not None:
+        out += workloads.checkpoint_pipeline_problems(pipeline)
     if spec.model.adapters and par.strategy == "TensorParallel" and not spec.model.fuse_adapters:
         out.append(("spec.model.fuseAdapters", "TensorParallel shards the base layers, and a LoRA must be merged "
                     "into them first; set fuseAdapters: true"))
@@ -241,6 +244,25 @@ def queue_problems(spec: DiffusionJobSpec) -> list[Problem]:
         if key in spec.pod_template.annotations:
             out.append(("spec.runPolicy.workloadSlices", f"Kueue does not resize a job whose pods request a topology "
                         f"(podTemplate.annotations[{key}]); remove that annotation or workloadSlices"))
+    return out
+
+
+@python_rule()
+def checkpoint_problems(spec: DiffusionJobSpec) -> list[Problem]:
+    """runPolicy.checkpoint holds one item's denoising state, and nothing else that steps carry: it needs one item
+    per call and no step cache (the pipeline's own rule is the catalog's: workload_problems)."""
+    if spec.run_policy.checkpoint is None:
+        return []
+    out: list[Problem] = []
+    gen = spec.generation
+    if gen.cache is not None:
+        out.append((workloads.CHECKPOINT_FIELD, f"the step cache (generation.cache: {gen.cache.type}) carries state "
+                    "from step to step that a checkpoint does not hold, so a resumed item would not be the "
+                    "uninterrupted one; remove generation.cache or runPolicy.checkpoint"))
+    if gen.batch_size != 1:
+        out.append((workloads.CHECKPOINT_FIELD, f"holds one item's denoising state, and generation.batchSize is "
+                    f"{gen.batch_size} (a batch resumed by another call would not be the same batch); set batchSize: "
+                    "1 or remove runPolicy.checkpoint"))
     return out
 
 
@@ -300,6 +322,20 @@ class DiffusionJobSpec(ApiModel):
             "ReadWriteMany PersistentVolumeClaim) or spec.output.uri to object storage: the default emptyDir is "
             "each pod's own, so the first pod could not merge the others' images",
             mirrors=shared_output_problems,
+        ),
+        CelRule(
+            "!has(self.runPolicy) || !has(self.runPolicy.checkpoint) || !has(self.generation) || "
+            "!has(self.generation.cache)",
+            "spec.runPolicy.checkpoint: the step cache (generation.cache) carries state from step to step that a "
+            "checkpoint does not hold; remove generation.cache or runPolicy.checkpoint",
+            mirrors=checkpoint_problems,
+        ),
+        CelRule(
+            "!has(self.runPolicy) || !has(self.runPolicy.checkpoint) || !has(self.generation) || "
+            "!has(self.generation.batchSize) || self.generation.batchSize == 1",
+            "spec.runPolicy.checkpoint: holds one item's denoising state; set generation.batchSize: 1 or remove "
+            "runPolicy.checkpoint",
+            mirrors=checkpoint_problems,
         ),
         CelRule(
             "has(self.promptsFrom) == has(oldSelf.promptsFrom)",

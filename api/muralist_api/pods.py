@@ -70,6 +70,25 @@ EARLY_FAILED_ITEMS = 10
 DEFAULT_START_TIMEOUT_SECONDS = 600
 
 
+class Checkpoint(ApiModel):
+    """Checkpoints inside an item: its denoising state saved while it renders, so that a stopped or killed
+    pod's item resumes where it was (docs/concepts/checkpoints.md)."""
+
+    every_steps: int = Field(
+        ge=1, le=10_000,
+        description="Save the item's denoising state (its latents, the scheduler's state, the random generators' "
+        "states) after every this many denoising steps, as one object next to the item's output; a killed pod "
+        "then loses at most this many steps of its item. Each save writes the latents once (about 20 MB for an "
+        "81-frame 720p Wan video), so save less often where steps are fast.",
+    )
+    on_terminate: bool = Field(
+        True,
+        description="Also save it when the pod is told to stop (SIGTERM: preemption, a resize, an eviction): the pod "
+        "stops at the end of the step it is in, saves, and hands its chunk back, where otherwise it renders its "
+        "item to the end (or loses it when the grace period ends first).",
+    )
+
+
 class RunPolicy(ApiModel):
     max_restarts: int = Field(
         3, ge=0, le=100,
@@ -141,6 +160,15 @@ class RunPolicy(ApiModel):
         f"{DEFAULT_START_TIMEOUT_SECONDS} s: raise it where pulling the image or provisioning a node takes longer. "
         "Status names a pod that waits for such a reason at once (the PodsNotStarting condition), whatever the "
         "timeout.",
+    )
+    checkpoint: Checkpoint | None = Field(
+        None,
+        description="Checkpoints inside an item (off when unset): the denoising state saved every everySteps steps "
+        "and, by default, when the pod is told to stop. Whichever pod takes the item's chunk next resumes it from "
+        "its last checkpoint, and the result is the uninterrupted render's, pixel for pixel. The manifest records "
+        "resumedFromStep per resumed item; status.progress counts stepsSaved and stepsLost. Needs batchSize 1, no "
+        "step cache, and a pipeline whose resume is verified exact (FluxPipeline, FluxImg2ImgPipeline, "
+        "FluxKontextPipeline, WanPipeline, WanImageToVideoPipeline).",
     )
 
     @property

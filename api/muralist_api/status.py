@@ -43,6 +43,12 @@ class Progress(ApiModel):
                       "for the same request), not rendered again.")
     rerendered: int = Field(0, description="Of completed: images rendered again in place of ones made for another "
                             "request (a corrected prompt, an edited row, a replaced input).")
+    steps_saved: int | None = Field(None, description="runPolicy.checkpoint: denoising steps that resumed items did "
+                                    "not render again, taken from their checkpoints (the merged manifest's count); "
+                                    "unset without checkpoints.")
+    steps_lost: int | None = Field(None, description="runPolicy.checkpoint: denoising steps rendered again because "
+                                   "their item's pod stopped after its last checkpoint (a killed pod loses at most "
+                                   "everySteps per item); unset without checkpoints.")
     percent: float | None = Field(None, description="(completed + failed) / total, in percent; unset while the "
                                   "total is unknown.")
     images_per_second: float | None = Field(None, description="Images rendered per second over the last minute, "

@@ -62,6 +62,7 @@ def apply_progress(status: DiffusionJobStatus, pushed: JobProgress | None, known
     if pushed is not None and pushed.merged:
         p.total, p.completed, p.failed = pushed.total or p.total, pushed.completed, pushed.failed
         p.kept, p.rerendered = pushed.kept, pushed.rerendered
+        p.steps_saved, p.steps_lost = pushed.steps_saved, pushed.steps_lost
     elif pushed is not None:
         p.completed = max(p.completed, pushed.completed)
         p.kept, p.rerendered = max(p.kept, pushed.kept), max(p.rerendered, pushed.rerendered)

@@ -17,6 +17,7 @@ from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract import COMPLETION_INDEX_ANNOTATION, INDEX_FAILURE_COUNT_ANNOTATION
+from muralist_api.contract.counts import CheckpointSteps
 
 from muralist_operator.naming import LABEL_JOB
 from muralist_operator.pod import DISRUPTION_TARGET
@@ -92,6 +93,7 @@ class PodView:
     counts: contract.Counts | None = None
     # The whole job's items as the merge found them (the first pod's message, once it merged).
     merged: contract.Counts | None = None
+    merged_steps: CheckpointSteps | None = None  # and runPolicy.checkpoint's steps saved and lost
     cache_sample: contract.CacheSample | None = None  # generation.cache.verify, from the termination message
     gated: bool = False  # held back by a scheduling gate (Kueue's, until it admits the size that counts the pod)
     owner_uid: str = ""  # its controller's: the Job that created it
@@ -234,7 +236,7 @@ def _int(value: Any, default: int) -> int:
 
 def pod_view(body: Mapping[str, Any]) -> PodView:
     meta, status = body.get("metadata", {}), body.get("status") or {}
-    termination, counts, finished, cache_sample, merged = None, None, None, None, None
+    termination, counts, finished, cache_sample, merged, merged_steps = None, None, None, None, None, None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if not term:
@@ -244,6 +246,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         report = contract.Termination.parse(message) if message else None
         if report is not None:
             counts, cache_sample, merged = report.counts, report.cache_sample, report.job
+            merged_steps = report.checkpoints
         if term.get("exitCode", 0) != 0:
             termination = ContainerExit(exit_code=int(term.get("exitCode", 1)), reason=term.get("reason", ""),
                                       message=message)
@@ -265,6 +268,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         finished=finished,
         counts=counts,
         merged=merged,
+        merged_steps=merged_steps,
         cache_sample=cache_sample,
         gated=bool((body.get("spec") or {}).get("schedulingGates")),
         owner_uid=controller_uid(body),
@@ -321,13 +325,16 @@ def merged_progress(progress: JobProgress | None, pods: list[PodView]) -> JobPro
     """The job's progress, with the merged manifest's counts once the first pod merged (its termination
     message says what the merge found): the status then says what the output holds, not what the pods
     counted while they rendered (which a retry or a kept chunk may have counted otherwise)."""
-    merged = next((p.merged for p in pods if p.index == 0 and p.terminal and p.merged is not None), None)
-    if merged is None:
+    first = next((p for p in pods if p.index == 0 and p.terminal and p.merged is not None), None)
+    if first is None or first.merged is None:
         return progress
+    merged, steps = first.merged, first.merged_steps
     done = merged.completed + merged.skipped
     total = merged.total or (progress.total if progress is not None else 0)
     base = progress or JobProgress(completed=0, failed=0, total=total, percent=None, images_per_second=None,
                                    estimated_seconds_remaining=None, ranks=0, indexes={})
     return dataclasses.replace(base, completed=done, failed=merged.failed, total=total, kept=merged.skipped,
                                rerendered=merged.rerendered, estimated_seconds_remaining=0, merged=True,
+                               steps_saved=steps.saved if steps is not None else None,
+                               steps_lost=steps.lost if steps is not None else None,
                                percent=min(100.0, round(100.0 * (done + merged.failed) / total, 1)) if total else None)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from muralist_api.contract.counts import Counts
+from muralist_api.contract.counts import CheckpointSteps, Counts
 from muralist_api.step_cache import CacheSample
 
 # -- exit codes --------------------------------------------------------------------------------
@@ -64,12 +64,16 @@ class Termination:
     # The whole job's items as the merge found them in the manifest (the first pod's, once it merged):
     # completed = rendered now (rerendered of them in place of another request's), skipped = kept.
     job: Counts | None = None
+    # runPolicy.checkpoint: the whole job's steps saved and lost, as the merge found them (with `job`).
+    checkpoints: CheckpointSteps | None = None
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {**asdict(self.counts), "exitCode": self.exit_code, "permanent": self.permanent,
                                "reason": self.reason, "message": self.message}
         if self.job is not None:
             doc["job"] = asdict(self.job)
+        if self.checkpoints is not None:
+            doc["checkpoints"] = self.checkpoints.to_wire()
         doc.update({k: round(v, 3) for k, v in self.timings.items()})
         if self.cache_sample is not None:
             doc["cacheVerify"] = self.cache_sample.to_wire()
@@ -106,6 +110,7 @@ class Termination:
             timings={k: float(v) for k, v in doc.items() if k not in known and isinstance(v, int | float)},
             cache_sample=CacheSample.from_wire(doc.get("cacheVerify")),
             job=_counts(doc.get("job")),
+            checkpoints=CheckpointSteps.from_wire(doc.get("checkpoints")),
         )
 
     @property

@@ -175,3 +175,30 @@ def scheduler_problems(name: str) -> list[Problem]:
         return []
     close = sorted(s for s in SCHEDULERS if name.lower()[:5] in s.lower()) or sorted(SCHEDULERS)[:5]
     return [("spec.generation.scheduler.name", f"diffusers has no scheduler {name!r}; e.g. {', '.join(close[:5])}")]
+
+
+# -- checkpoints inside an item ------------------------------------------------------------------
+
+# Pipelines whose call resumes exactly from a checkpoint's state (runtime/muralist_runtime/model/denoising.py:
+# the latents passed back in as they are, the steps before skipped at the top of the denoising loop, nothing
+# else drawn from the generator): each is tested resumed against uninterrupted, bit for bit, on its tiny model
+# (tests/runtime/test_runtime_denoising.py). FluxInpaintPipeline is not: it blends the image back in with
+# the noise of its first step, which a resumed call no longer has.
+RESUMABLE_PIPELINES = frozenset({
+    "FluxPipeline", "FluxImg2ImgPipeline", "FluxKontextPipeline", "WanPipeline", "WanImageToVideoPipeline",
+})
+CHECKPOINT_FIELD = "spec.runPolicy.checkpoint"
+
+
+def not_resumable(pipeline: str) -> str:
+    """Why a checkpoint cannot resume a pipeline's item exactly (the runtime says the same of a loaded one)."""
+    return (f"{pipeline} is not a pipeline whose resume from a checkpoint is verified exact (those are "
+            f"{', '.join(sorted(RESUMABLE_PIPELINES))}); remove runPolicy.checkpoint, or use one of them")
+
+
+@python_rule(no_cel="needs the rules catalog's pipelines (which resume exactly), which the CRD does not carry")
+def checkpoint_pipeline_problems(pipeline: str | None) -> list[Problem]:
+    """A known pipeline whose resume is not verified exact (an unknown one is the runtime's to check)."""
+    if pipeline is None or pipeline in RESUMABLE_PIPELINES:
+        return []
+    return [(CHECKPOINT_FIELD, not_resumable(pipeline))]

@@ -74,6 +74,9 @@ class JobProgress:
     kept: int = 0
     rerendered: int = 0
     merged: bool = False  # the counts are the merged manifest's: the job's final word on its items
+    # runPolicy.checkpoint: the merged manifest's steps taken from checkpoints and rendered again (None: none).
+    steps_saved: int | None = None
+    steps_lost: int | None = None
 
     @property
     def oldest_progress_time(self) -> datetime | None:

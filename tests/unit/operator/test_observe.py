@@ -112,3 +112,22 @@ def test_once_the_first_pod_merged_the_status_counts_are_the_manifests() -> None
     assert (merged.completed, merged.failed, merged.total, merged.kept, merged.rerendered, merged.percent) == (
         7, 1, 8, 1, 2, 100.0)
     assert merged.status_fields()["kept"] == 1 and merged.images_per_second == 2.0
+
+
+def test_the_steps_checkpoints_saved_and_lost_reach_the_status_from_the_merge() -> None:
+    from muralist_api.status import DiffusionJobStatus
+    from muralist_operator.lifecycle import apply_progress
+    from muralist_operator.observe import merged_progress
+    from muralist_operator.progress.snapshot import JobProgress
+
+    counted = JobProgress(completed=2, failed=0, total=2, percent=100.0, images_per_second=1.0,
+                          estimated_seconds_remaining=0, ranks=1, indexes={})
+    job = {"completed": 2, "skipped": 0, "failed": 0, "total": 2}
+    without = pod_view(finished_pod(0, {**job, "job": job}))
+    with_steps = pod_view(finished_pod(0, {**job, "job": job, "checkpoints": {"stepsSaved": 12, "stepsLost": 3}}))
+    status = DiffusionJobStatus()
+    apply_progress(status, merged_progress(counted, [without]), None)
+    assert (status.progress.steps_saved, status.progress.steps_lost) == (None, None), "no checkpoints: unset"
+    apply_progress(status, merged_progress(counted, [with_steps]), None)
+    assert (status.progress.steps_saved, status.progress.steps_lost) == (12, 3)
+    assert status.model_dump(by_alias=True)["progress"]["stepsSaved"] == 12

@@ -144,11 +144,19 @@ def test_a_one_pod_job_can_grow_so_pods_added_later_find_the_first() -> None:
     ({"steps": 4, "height": 64, "width": 64}, {}, 31),  # a tiny job: about the margin
     ({"steps": 1000, "height": 2048, "width": 2048, "batchSize": 8}, {}, 3600),  # capped
     ({"steps": 28, "height": 1024, "width": 1024}, {"terminationGracePeriodSeconds": 900}, 900),
-], ids=["default", "large", "tiny", "capped", "asked"])
+    # An 81-frame 720p video: 40 steps of 2.2 s; with checkpoints on a stop, one step and one write of its
+    # 19 MB of latents (0.9 s at 20 MiB/s) instead of the whole item.
+    ({"steps": 40, "height": 720, "width": 1280, "numFrames": 81}, {}, 208),
+    ({"steps": 40, "height": 720, "width": 1280, "numFrames": 81}, {"checkpoint": {"everySteps": 5}}, 37),
+    ({"steps": 40, "height": 720, "width": 1280, "numFrames": 81},
+     {"checkpoint": {"everySteps": 5, "onTerminate": False}}, 208),
+], ids=["default", "large", "tiny", "capped", "asked", "video", "video-checkpoints", "video-checkpoints-no-stop"])
 def test_a_pod_told_to_stop_has_time_for_the_item_in_flight(generation: dict[str, Any], run_policy: dict[str, Any],
                                                             grace: int) -> None:
-    job = make_job("cats").generation(**generation).run_policy(**run_policy).job()
-    pod = render_children(job, "ns", SETTINGS).job["spec"]["template"]["spec"]
+    builder = make_job("cats").generation(**generation).run_policy(**run_policy)
+    if "numFrames" in generation:
+        builder.set("spec.model.name", "muralist/tiny-wan").output(format="mp4")
+    pod = render_children(builder.job(), "ns", SETTINGS).job["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == grace
 
 

@@ -31,3 +31,20 @@ def test_samples_sum_their_counts_and_keep_the_lowest_figures() -> None:
 def test_what_is_no_sample_reads_as_none() -> None:
     for doc in (None, [], {"sampled": "3"}, {"minPsnr": 30}):
         assert CacheSample.from_wire(doc) is None
+
+
+def test_the_merged_steps_of_checkpoints_survive_the_termination_message() -> None:
+    from muralist_api.contract.counts import CheckpointSteps
+
+    steps = CheckpointSteps(saved=12, lost=3)
+    text = Termination(Counts(completed=2, total=2), timings={"checkpointSeconds": 0.25, "checkpointsWritten": 4},
+                       job=Counts(completed=2, total=2), checkpoints=steps).to_json()
+    assert json.loads(text)["checkpoints"] == {"stepsSaved": 12, "stepsLost": 3}
+    parsed = Termination.parse(text)
+    assert parsed is not None and parsed.checkpoints == steps
+    assert parsed.timings == {"checkpointSeconds": 0.25, "checkpointsWritten": 4}, "the steps are no timing"
+    plain = Termination.parse(Termination(Counts()).to_json())
+    assert plain is not None and plain.checkpoints is None
+    for doc in (None, [], {"stepsSaved": "3"}, {"stepsSaved": -1, "stepsLost": True}):
+        found = CheckpointSteps.from_wire(doc)
+        assert found is None or found == CheckpointSteps(0, 0)

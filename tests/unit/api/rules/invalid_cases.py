@@ -169,6 +169,31 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
         True,
     ),
     (
+        "checkpoint-every-zero-steps",
+        make_job().run_policy(checkpoint={"everySteps": 0}).obj(),
+        "spec.runPolicy.checkpoint.everySteps",
+        True,
+    ),
+    (
+        "checkpoint-with-a-step-cache",
+        make_job().run_policy(checkpoint={"everySteps": 4}).generation(cache={"type": "FirstBlockCache"}).obj(),
+        "spec.runPolicy.checkpoint: the step cache (generation.cache",
+        True,
+    ),
+    (
+        "checkpoint-of-a-batch",
+        make_job().run_policy(checkpoint={"everySteps": 4}).generation(batchSize=2).obj(),
+        "spec.runPolicy.checkpoint: holds one item's denoising state",
+        True,
+    ),
+    (
+        "checkpoint-of-an-inpainting-pipeline",
+        make_job().run_policy(checkpoint={"everySteps": 4}).set("spec.model.pipeline", "FluxInpaintPipeline").obj(),
+        "spec.runPolicy.checkpoint: FluxInpaintPipeline is not a pipeline whose resume from a checkpoint is verified "
+        "exact",
+        False,
+    ),
+    (
         "several-pods-on-the-default-output",
         make_job().world(nodes=2).drop("spec.output").obj(),
         "spec.output",
