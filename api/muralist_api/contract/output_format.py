@@ -28,6 +28,9 @@ Versions (tests/fixtures/formats/ holds a partial folder of each, written by the
    resume.py says when it is kept (the job-wide digest, then what the record names). A resume lists
    the items it kept with status "skipped" in their chunk's part file (the entries otherwise as they
    were).
+   Also optional for a reader (runPolicy.checkpoint): an item's `resumedFromStep`, `stepsSaved` and
+   `stepsLost`, the job file's `checkpoints`, and the folder's checkpoints/ (an item's state while it
+   renders; a runtime that does not read it renders the item from its first step).
 
 This runtime resumes every version from 1 to OUTPUT_FORMAT. How older ones are read:
 - `read_entry`: an item's JSON or a part file's line of any version, as today's entry (the
