@@ -3,6 +3,8 @@ the user wrote (`shown`)."""
 
 from __future__ import annotations
 
+import json
+import re
 import reprlib
 from typing import Annotated, Any, ClassVar
 
@@ -38,6 +40,18 @@ KubeObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-pr
 
 # What a message shows of a value the user wrote: enough to recognise it, never a megabyte.
 SHOWN_CHARS = 80
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def member_path(parent: str, key: str) -> str:
+    """The field path of a map's member: `parent.key` for a plain key, else the key quoted
+    (`parent["a b"]`, `parent[""]`), so that a dot, a space, a newline or nothing at all in a key
+    the user made up still reads as one field."""
+    if _PLAIN_KEY.fullmatch(key):
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{json.dumps(key if len(key) <= SHOWN_CHARS else key[:SHOWN_CHARS] + '...')}]"
 
 
 def shown(value: Any) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from muralist_api.base import ApiModel, KubeObject, shown
+from muralist_api.base import ApiModel, KubeObject, member_path, shown
 from muralist_api.cel import CelRule, python_rule
 from muralist_api.contract.output_folder import JOB_FILE
 from muralist_api.rules.catalog import Problem
@@ -81,15 +81,16 @@ def cache_problems(kind: str, options: dict[str, object], strategy: str) -> list
     cache = CACHES[kind]
     out: list[Problem] = []
     for name, value in options.items():
+        path = member_path("spec.generation.cache.options", name)
         known = cache.options.get(name)
         if known is None:
-            out.append((f"spec.generation.cache.options.{name}",
+            out.append((path,
                         f"{kind} has no option {name!r}; it takes {', '.join(cache.options) or 'none'}"))
         elif not (isinstance(value, known[1]) or (known[1] is float and isinstance(value, int))) or (
                 known[1] is not bool and isinstance(value, bool)):
-            out.append((f"spec.generation.cache.options.{name}", f"must be a {known[1].__name__}, not {value!r}"))
+            out.append((path, f"must be a {known[1].__name__}, not {value!r}"))
         elif known[1] is list and not _positive_numbers(value):
-            out.append((f"spec.generation.cache.options.{name}", "must be a list of positive numbers (one per step)"))
+            out.append((path, "must be a list of positive numbers (one per step)"))
     if options.get("calibrate") is True and "ratios" in options:
         out.append(("spec.generation.cache.options.calibrate", f"{kind} either calibrates or uses the ratios given; "
                     "remove one"))

@@ -9,13 +9,11 @@ messages from the rules catalog, which the runtime uses too.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 from pydantic import ValidationError
 
-from muralist_api.base import SHOWN_CHARS, shown
+from muralist_api.base import member_path, shown
 from muralist_api.job import API_VERSION, CROSS_FIELD_RULES, KIND, DiffusionJob, name_problem
 
 
@@ -35,9 +33,6 @@ def one_line(text: str) -> str:
     return text if len(lines) <= 1 else "\\n".join(lines)
 
 
-_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-
-
 def _loc_to_path(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:
@@ -45,10 +40,10 @@ def _loc_to_path(loc: tuple[int | str, ...]) -> str:
             parts.append(f"[{item}]")
         elif item in ("str", "PromptSpec") or item.startswith(("function-", "union[")):
             continue  # pydantic's union-branch markers are noise for a user
-        elif _PLAIN_KEY.fullmatch(item) or item == "[key]":  # [key]: pydantic's mark of a bad map key
+        elif item == "[key]":  # pydantic's mark of a bad map key
             parts.append(("." if parts else "") + item)
-        else:  # a key the user made up: quoted, so that dots, spaces or newlines in it stay readable
-            parts.append(f"[{json.dumps(item if len(item) <= SHOWN_CHARS else item[:SHOWN_CHARS] + '...')}]")
+        else:  # a key the user made up is quoted, so that dots, spaces or newlines in it stay readable
+            parts = [member_path("".join(parts), item)]
     return "".join(parts)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from muralist_api.base import member_path
 from muralist_api.cel import python_rule
 from muralist_api.rules.catalog import Problem
 
@@ -145,7 +146,7 @@ RESERVED_CALL_ARGS: dict[str, str] = {
 ))
 def extra_args_problems(extra_args: dict[str, object]) -> list[Problem]:
     """Keys of generation.extraArgs that the spec or an item sets: each names the field to use instead."""
-    return [(f"spec.generation.extraArgs.{key}",
+    return [(member_path("spec.generation.extraArgs", key),
              f"is set by the job, not by extraArgs; use {RESERVED_CALL_ARGS[key]}, and remove it from extraArgs")
             for key in extra_args if key in RESERVED_CALL_ARGS]
 

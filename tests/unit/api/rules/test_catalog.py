@@ -196,6 +196,10 @@ def test_video_and_input_pipelines_exist_and_take_what_the_table_says() -> None:
          "no scheduler"),
         (lambda b: b.generation(cache={"type": "FirstBlockCache", "options": {"treshold": 0.1}}),
          "spec.generation.cache.options.treshold", "it takes threshold"),
+        (lambda b: b.generation(cache={"type": "FirstBlockCache", "options": {"": None}}),
+         'spec.generation.cache.options[""]', "it takes threshold"),
+        (lambda b: b.generation(cache={"type": "FirstBlockCache", "options": {"a.b": 1}}),
+         'spec.generation.cache.options["a.b"]', "it takes threshold"),
         (lambda b: b.context_parallel(ulysses=2).world(gpus=2).generation(cache={"type": "FirstBlockCache"}),
          "spec.generation.cache.type", "use TaylorSeer"),
         (lambda b: b.tensor_parallel(2).world(gpus=2).set("spec.model.adapters", [{"name": "/lora"}]),
@@ -208,8 +212,8 @@ def test_video_and_input_pipelines_exist_and_take_what_the_table_says() -> None:
          "spec.generation.cache.options.calibrate", "remove one"),
     ],
     ids=["wan-frames", "wan-size", "wan-png", "image-mp4", "text-pipeline-image", "inputs-volume",
-         "scheduler", "cache-option", "cache-cp", "tp-lora", "dataset-and-prompts", "magcache-ratios",
-         "magcache-calibrate-and-ratios"],
+         "scheduler", "cache-option", "cache-option-empty", "cache-option-dotted", "cache-cp", "tp-lora",
+         "dataset-and-prompts", "magcache-ratios", "magcache-calibrate-and-ratios"],
 )
 def test_workload_rules_name_the_field_and_the_fix(builder, field: str, words: str) -> None:
     with pytest.raises(ValidationProblem) as err:
