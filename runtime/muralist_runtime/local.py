@@ -1,12 +1,15 @@
 """`muralist run JOB.yaml`: the same runtime as in the pods, on this machine.
 
-It reads the manifest with the same reader as `muralist validate`, writes the RuntimeSpec the
-operator would write, and starts one launcher agent per node of the spec with the pod
+It reads the manifest with the same reader as `muralist validate`, plans a `strategy: Auto` job for
+this machine (plan/auto.py: `--gpu-memory`, `--interconnect`, else what the machine shows), writes
+the RuntimeSpec the operator would write, and starts one launcher agent per node of the spec with the pod
 contract's command and environment (torchrun is configured only through PET_* variables;
 several agents rendezvous on 127.0.0.1). A `promptsFrom` ConfigMap in the same file is served
 from a local file, as the pods get it mounted. While the agents run, one bar shows the whole
 job: the rank files of every agent, summed. Inline prompts' input images are checked before
-anything starts. Ctrl-C is forwarded to the agents; the exit code
+anything starts. Ctrl-C is forwarded to the agents; SIGTERM drains them as it drains pods (world/drain.py:
+each stops claiming, and with runPolicy.checkpoint saves its item in flight where it is), then the run exits
+143 and the same command resumes it. The exit code
 is the runtime's (78 when permanent, read from the termination message because torchrun
 replaces its workers' exit codes), and a permanent verdict is printed once, after the bar.
 """
@@ -28,8 +31,10 @@ from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract.output_folder import GALLERY_ENTRY
-from muralist_api.job import DiffusionJob
+from muralist_api.job import DiffusionJob, Strategy
 from muralist_api.manifests import ManifestFile, Reader
+from muralist_api.planner.device import Interconnect
+from muralist_api.planner.table import CannotPlan, plan_job, planned
 from muralist_api.rules.problems import ValidationProblem
 from muralist_api.runtime_spec import RuntimeSpec, runtime_spec_json
 from muralist_api.storage import join_uri
@@ -184,6 +189,26 @@ def runtime_spec(job: DiffusionJob, output: str | None, model: str | None, promp
     )
 
 
+def resolve_auto(runtime: RuntimeSpec, gpu_memory: str | None = None, interconnect: Interconnect | None = None,
+                 model: str | None = None) -> RuntimeSpec:
+    """A job whose strategy is Auto, planned for this machine as the operator plans for its nodes: the
+    runtime spec with the chosen parallelism and the plan (its ranks confirm it); any other job as it is."""
+    spec = runtime.spec
+    if spec.parallelism.strategy != Strategy.AUTO:
+        return runtime
+    from .plan.auto import local_device, model_facts
+
+    device = local_device(spec, gpu_memory, interconnect)
+    try:
+        plan = plan_job(spec, model_facts(spec, model), device)
+    except CannotPlan as e:
+        raise ValidationProblem([str(e)]) from None
+    print(f"muralist: strategy Auto ({plan.objective}): {plan.summary}", file=sys.stderr)
+    for reason in plan.reasons:
+        print(f"  {reason}", file=sys.stderr)
+    return runtime.model_copy(update={"spec": planned(spec, plan), "parallel_plan": plan})
+
+
 def check_inputs(runtime: RuntimeSpec) -> None:
     """The inline prompts' input images must be there before any weight loads (in pods, a
     missing one fails its item only: the volume may be filled while the job waits)."""
@@ -288,6 +313,13 @@ def _interrupt(procs: list[subprocess.Popen[bytes]]) -> None:
             p.kill()
 
 
+def _drain(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each agent: its launch entry point drains its ranks, as the kubelet's SIGTERM drains a pod."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+
+
 def run_local(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="muralist-run-") as name:
         tmp = Path(name)
@@ -296,6 +328,8 @@ def run_local(args: argparse.Namespace) -> int:
             prompts = prompts_file_for(job, manifest, args.prompts_file, tmp)
             runtime = runtime_spec(job, args.output, args.model, prompts, getattr(args, "dataset_dir", None),
                                    getattr(args, "inputs_dir", None), staging=tmp)
+            runtime = resolve_auto(runtime, getattr(args, "gpu_memory", None), getattr(args, "interconnect", None),
+                                   args.model)
             check_inputs(runtime)
         except ValidationProblem as e:
             for problem in e.problems:
@@ -304,6 +338,7 @@ def run_local(args: argparse.Namespace) -> int:
         Path(runtime.output_dir).mkdir(parents=True, exist_ok=True)
         termination = tmp / "termination-log"
         procs, dirs = _start_agents(runtime, tmp, termination)
+        before = signal.signal(signal.SIGTERM, lambda _signum, _frame: _drain(procs))
         try:
             with JobBar(dirs, job.total_images):
                 codes = [p.wait() for p in procs]
@@ -311,7 +346,12 @@ def run_local(args: argparse.Namespace) -> int:
             _interrupt(procs)
             print("muralist: interrupted; run the same command again to resume", file=sys.stderr)
             return 130
+        finally:
+            signal.signal(signal.SIGTERM, before)
         code = verdict(codes, termination)
+        if code == contract.DRAINED_EXIT_CODE:
+            print("muralist: stopped (SIGTERM); run the same command again to resume", file=sys.stderr)
+            return code
     if runtime.output_uri is not None:
         print(f"outputs: {runtime.output_uri}")
         return code

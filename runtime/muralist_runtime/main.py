@@ -25,8 +25,8 @@ A rank told to stop (world/drain.py) exits 0 with the Drained verdict; the launc
 turns that into the pod's DRAINED_EXIT_CODE.
 Test-only failure injection: testing/faults.py.
 
-Timings: loadSeconds, verifySeconds, compileSeconds (model/loading.py) and generateSeconds go
-to the log, the job file and the termination message.
+Timings: loadSeconds, verifySeconds (model/loading.py), compileSeconds (model/compiling.py) and
+generateSeconds go to the log, the job file and the termination message.
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ from muralist_api.rules.problems import problems_from
 from muralist_api.runtime_spec import RuntimeSpec, read_runtime_spec
 from pydantic import ValidationError
 
-from .model import loading
+from .model import compiling, loading
 from .outputs import job_folder, merge
 from .outputs.temps import TempRemoved
 from .plan import model as model_plan
 from .plan import work as work_plan
-from .render import claim_loop
+from .render import claim_loop, compiled
 from .report import progress, rank_files
 from .report.rank_files import progress_dir, read_pod
 from .report.termination import termination_log_path, write_termination
@@ -132,10 +132,16 @@ def set_up_world(job: RunPlan, state: RunState) -> None:
 
 
 # 3. Load the pipeline (model/loading.py); what it learns of the model (a calibrated cache) goes to
-# the job file at the merge.
+# the job file at the merge. generation.compile: compiled at the first item's size (model/compiling.py),
+# from the compile cache when it has the size, and this rank's record told to the merge.
 def load(job: RunPlan, state: RunState) -> Any:
-    return loading.load(job.runtime, job.strategy, job.plan, job.source, job.revision, job.first, job.gpu,
+    pipe = loading.load(job.runtime, job.strategy, job.plan, job.source, job.revision, job.first, job.gpu,
                         state.world, state.timings, state.learned)
+    if job.runtime.spec.generation.compile:
+        state.compiled = compiling.compile_pipeline(pipe, job.runtime, job.first, job.source, job.revision, job.gpu,
+                                                    state.world.layout.group_size > 1, state.timings)
+        compiled.tell_records(state)
+    return pipe
 
 
 # 4. Generate: claim chunks until none is left, render, write (render/claim_loop.py).
@@ -157,9 +163,10 @@ def summarise(job: RunPlan, state: RunState) -> None:
     state.progress.finished()
     timeout = job.runtime.spec.parallelism.collective_timeout_seconds
     if state.server is not None:
-        state.merged = merge.merge_job(job.runtime, job.work, state.jobfile, state.claims, layout,
+        state.merged, state.merged_steps = merge.merge_job(job.runtime, job.work, state.jobfile, state.claims, layout,
                                        rank_files.stall_watch(progress_dir(), timeout),
-                                       state.progress.slowest_item_seconds, state.timings, state.learned)
+                                       state.progress.slowest_item_seconds, state.timings, state.learned,
+                                       rank_files.memory_reader(progress_dir(), job.plan.memory_estimate))
     if layout.local_rank == 0:
         rank_files.wait_for_pod(progress_dir(), timeout)
 
@@ -184,7 +191,7 @@ def run(spec_path: str) -> int:
             # The pod's counts (all its ranks are done: summarise waited for them), the job's total.
             pod = read_pod([progress_dir()])
             write_termination(Termination(pod.counts, timings=state.timings, cache_sample=pod.cache_sample,
-                                          job=state.merged))
+                                          job=state.merged, checkpoints=state.merged_steps))
         return contract.EXIT_OK
     except NothingLeft as e:
         log.info("nothing to do: %s", e)

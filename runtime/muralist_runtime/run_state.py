@@ -10,11 +10,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from muralist_api.contract import Counts
+from muralist_api.contract import CheckpointSteps, Counts
 from muralist_api.items import Item
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_api.step_cache import CacheSample
 
+from .model.checkpointing import Checkpointing
+from .model.compiling import CompiledTransformer
 from .model.strategies import ParallelStrategy, Plan
 from .outputs.layouts import FilesLayout, WebDatasetLayout
 from .outputs.writer import BackgroundWriter, JobFile
@@ -61,6 +63,9 @@ class RunState:
     reporter: PodReporter | None = None  # each pod's first rank
     background: BackgroundWriter | None = None  # writing ranks, while they generate
     merged: Counts | None = None  # the job's items as the merge found them (the first pod's first rank)
+    merged_steps: CheckpointSteps | None = None  # and runPolicy.checkpoint's steps saved and lost
+    checkpoints: Checkpointing | None = None  # runPolicy.checkpoint, while it generates
+    compiled: CompiledTransformer | None = None  # generation.compile: the sizes compiled so far
     _world: DistributedWorld | None = None
     _jobfile: JobFile | None = None
     _progress: RankProgress | None = None

@@ -19,6 +19,7 @@ may keep writing `contract.NAME`. Pure and torch-free: the operator image import
 """
 
 from muralist_api.contract.counts import (
+    CheckpointSteps,
     Counts,
 )
 from muralist_api.contract.pod import (
@@ -34,6 +35,7 @@ from muralist_api.contract.pod import (
     MASTER_PORT,
     MURALIST_ATTEMPT,
     MURALIST_CLAIMS_ADDR,
+    MURALIST_COMPILE_CACHE,
     MURALIST_DRAIN_FILE,
     MURALIST_LAUNCHED,
     MURALIST_LOCAL,
@@ -55,6 +57,7 @@ from muralist_api.contract.pod import (
     MURALIST_TEST_EXIT_RANK,
     MURALIST_TEST_HANG_AFTER,
     MURALIST_TEST_HANG_RANK,
+    MURALIST_TEST_KILL_AT_STEP,
     MURALIST_TEST_NAN_ROWS,
     MURALIST_TEST_OOM_ROWS,
     MURALIST_TEST_RAISE_ROWS,
@@ -145,6 +148,7 @@ __all__ = [
     "MAX_POD_NAME",
     "MURALIST_ATTEMPT",
     "MURALIST_CLAIMS_ADDR",
+    "MURALIST_COMPILE_CACHE",
     "MURALIST_DRAIN_FILE",
     "MURALIST_LAUNCHED",
     "MURALIST_LOCAL",
@@ -166,6 +170,7 @@ __all__ = [
     "MURALIST_TEST_EXIT_RANK",
     "MURALIST_TEST_HANG_AFTER",
     "MURALIST_TEST_HANG_RANK",
+    "MURALIST_TEST_KILL_AT_STEP",
     "MURALIST_TEST_NAN_ROWS",
     "MURALIST_TEST_OOM_ROWS",
     "MURALIST_TEST_RAISE_ROWS",
@@ -204,6 +209,7 @@ __all__ = [
     "TEST_KILLED_EXIT_CODE",
     "WORKER_ENV",
     "CacheSample",
+    "CheckpointSteps",
     "Counts",
     "Launcher",
     "PermanentFailure",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from muralist_api.contract import (
     MURALIST_ATTEMPT,
     MURALIST_CLAIMS_ADDR,
+    MURALIST_COMPILE_CACHE,
     MURALIST_DRAIN_FILE,
     MURALIST_LAUNCHED,
     MURALIST_LOCAL,
@@ -34,6 +35,7 @@ from muralist_api.contract import (
     MURALIST_TEST_EXIT_RANK,
     MURALIST_TEST_HANG_AFTER,
     MURALIST_TEST_HANG_RANK,
+    MURALIST_TEST_KILL_AT_STEP,
     MURALIST_TEST_NAN_ROWS,
     MURALIST_TEST_OOM_ROWS,
     MURALIST_TEST_RAISE_ROWS,
@@ -84,6 +86,7 @@ class TestFaults:
     slow_rank: int = -1
     render_repeat: int = 1
     static_plan: bool = False
+    kill_at_step: int = 0
     device_memory: str | None = None  # what a rank measures as its devices' free memory (a size: 64MiB)
 
     @classmethod
@@ -101,6 +104,7 @@ class TestFaults:
             slow_rank=_int(env, MURALIST_TEST_SLOW_RANK, -1),
             render_repeat=_int(env, MURALIST_TEST_RENDER_REPEAT, 1),
             static_plan=env.get(MURALIST_TEST_STATIC_PLAN) == "1",
+            kill_at_step=_int(env, MURALIST_TEST_KILL_AT_STEP, 0),
             device_memory=_text(env, MURALIST_TEST_DEVICE_MEMORY),
         )
 
@@ -130,6 +134,7 @@ class PodEnv:
     termination_log: str | None = None
     tiny_models_dir: str | None = None  # MURALIST_TINY_MODELS
     stage_dir: str | None = None
+    compile_cache_dir: str | None = None  # MURALIST_COMPILE_CACHE
     drain_file: str | None = None
     hf_home: str | None = None
     hf_token: str | None = None
@@ -162,6 +167,7 @@ class PodEnv:
             termination_log=_text(env, MURALIST_TERMINATION_LOG),
             tiny_models_dir=env.get(MURALIST_TINY_MODELS),
             stage_dir=_text(env, MURALIST_STAGE_DIR),
+            compile_cache_dir=_text(env, MURALIST_COMPILE_CACHE),
             drain_file=_text(env, MURALIST_DRAIN_FILE),
             hf_home=_text(env, HF_HOME_VAR),
             hf_token=_text(env, HF_TOKEN),

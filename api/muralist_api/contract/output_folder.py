@@ -15,6 +15,8 @@ one place that spells its names:
     job.json                     the job file (JOB_FILE, `JobRecord`)
     index.html, gallery/         the gallery: page 1, then gallery/page-<n>.html and gallery/summary.js
     cache-off.json               the cache gate's verdict that turned the step cache off (CACHE_OFF_FILE)
+    checkpoints/<key>.pt         runPolicy.checkpoint: an item's denoising state while it renders (`checkpoint_file`),
+    checkpoints/<key>.json       and how far its last render got (`checkpoint_note_file`); removed once it is written
 
 <chunk> is six digits, <n> five (more past their ranges); <key> is `<row>-<image>` (items.item_key).
 
@@ -48,8 +50,9 @@ GALLERY_SUMMARY = "summary.js"
 IMAGES_DIR = "images"
 SHARDS_DIR = "shards"
 PARTS_DIR = "parts"
+CHECKPOINTS_DIR = "checkpoints"
 # The folder's directories, where its files (and so the temps they are written through) are.
-DIRECTORIES = (IMAGES_DIR, SHARDS_DIR, PARTS_DIR, GALLERY_DIR)
+DIRECTORIES = (IMAGES_DIR, SHARDS_DIR, PARTS_DIR, GALLERY_DIR, CHECKPOINTS_DIR)
 # The stills the gallery shows beside an item's output (layout files): a video's first frame, the inputs.
 STILLS = ("poster", "input", "mask")
 RECORD_EXTENSION = "json"  # an item's record beside its output (layout files), and its shard member
@@ -57,6 +60,8 @@ RECORD_EXTENSION = "json"  # an item's record beside its output (layout files), 
 _PART = re.compile(r"^chunk-(\d+)\.jsonl$")
 _SHARD = re.compile(r"^shard-(\d+)\.tar$")
 _PAGE = re.compile(r"^page-(\d+)\.html$")
+_CHECKPOINT = re.compile(r"^(\d+-\d+)\.(?:pt|json)$")
+CHECKPOINT_EXTENSION = "pt"  # torch.save's format (loaded back with weights_only: tensors and plain values)
 
 
 def item_file(key: str, fmt: str) -> str:
@@ -109,6 +114,23 @@ def part_number(name: str) -> int | None:
     return int(match[1]) if match else None
 
 
+def checkpoint_file(key: str) -> str:
+    """An item's checkpoint (runPolicy.checkpoint), relative to the folder: one object, written whole."""
+    return f"{CHECKPOINTS_DIR}/{key}.{CHECKPOINT_EXTENSION}"
+
+
+def checkpoint_note_file(key: str) -> str:
+    """The note beside an item's checkpoint: the steps its last render reached (what a kill lost), relative to the
+    folder."""
+    return f"{CHECKPOINTS_DIR}/{key}.{RECORD_EXTENSION}"
+
+
+def checkpoint_key(name: str) -> str | None:
+    """The item a file of CHECKPOINTS_DIR is of (a checkpoint or its note); None for another file."""
+    match = _CHECKPOINT.match(name)
+    return match[1] if match else None
+
+
 def page_name(number: int) -> str:
     """The file name of the gallery's page `number` >= 2 inside GALLERY_DIR (page 1 is GALLERY_ENTRY)."""
     return f"page-{number:05d}.html"
@@ -155,9 +177,17 @@ class JobRecord(BaseModel):
     items: dict[str, int] | None = Field(None, description="The items by status, once merged (rendered, "
                                          "skipped, failed; rerendered).")
     cache_verify: dict[str, Any] | None = Field(None, description="The cache gate's summary, once merged.")
+    checkpoints: dict[str, int] | None = Field(None, description="runPolicy.checkpoint, once merged: items resumed "
+                                               "from a checkpoint (resumed), the steps they took from them "
+                                               "(stepsSaved) and the steps rendered again after a stop (stepsLost).")
     memory: dict[str, Any] | None = Field(None, description="The layout's estimated peak per device "
                                           "(estimatedPeakMiB, its parts) beside each rank's measured peak "
                                           "(measuredPeakMiB by rank, measuredBy), once merged.")
+
+    compile: dict[str, Any] | None = Field(None, description="generation.compile, once merged: each rank's "
+                                           "compile record by rank (byRank: seconds, cacheHit, graphsCompiled, "
+                                           "kernelsBuilt, each size's), and how many ranks found the compile "
+                                           "cache holding their sizes (cacheHits of ranks).")
 
     @property
     def merged(self) -> bool:

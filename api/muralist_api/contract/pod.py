@@ -57,6 +57,8 @@ MURALIST_TERMINATION_LOG = "MURALIST_TERMINATION_LOG"  # overrides TERMINATION_L
 # developer's cache of the venv and the test binaries.
 MURALIST_TINY_MODELS = "MURALIST_TINY_MODELS"
 MURALIST_STAGE_DIR = "MURALIST_STAGE_DIR"  # node-local disk for model.loading.stage
+# Where generation.compile's compile cache lives (default under HF_HOME, the model cache's volume).
+MURALIST_COMPILE_CACHE = "MURALIST_COMPILE_CACHE"
 # The operator's default runtime image (an operator setting, not a pod variable).
 MURALIST_RUNTIME_IMAGE = "MURALIST_RUNTIME_IMAGE"
 # Failure injection for tests (runtime/muralist_runtime/testing/faults.py says what each does).
@@ -72,6 +74,7 @@ MURALIST_TEST_STEP_SLEEP = "MURALIST_TEST_STEP_SLEEP"
 MURALIST_TEST_SLOW_RANK = "MURALIST_TEST_SLOW_RANK"
 MURALIST_TEST_RENDER_REPEAT = "MURALIST_TEST_RENDER_REPEAT"
 MURALIST_TEST_STATIC_PLAN = "MURALIST_TEST_STATIC_PLAN"
+MURALIST_TEST_KILL_AT_STEP = "MURALIST_TEST_KILL_AT_STEP"
 MURALIST_TEST_DEVICE_MEMORY = "MURALIST_TEST_DEVICE_MEMORY"
 
 # A user env var may not shadow the contract: these prefixes and names are refused.

@@ -10,6 +10,7 @@ the job's items get.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,11 +23,21 @@ from muralist_api.runtime_spec import RuntimeSpec
 from ..outputs.layouts import RenderedOutput
 from ..outputs.media import frames_to_uint8
 from ..testing.faults import nan_rows
+from . import denoising
 from .inputs import InputError, load_inputs
 
 
 def call_parameters(pipe: Any) -> Any:
-    return inspect.signature(pipe.__call__).parameters
+    """The parameters `pipe(...)` takes: looked up once per pipeline class (several times a call otherwise, ~50 us
+    each)."""
+    if "__call__" in getattr(pipe, "__dict__", {}):
+        return inspect.signature(pipe.__call__).parameters
+    return _class_call_parameters(pipe.__class__)
+
+
+@functools.lru_cache(maxsize=32)
+def _class_call_parameters(cls: Any) -> Any:
+    return inspect.signature(cls.__call__).parameters
 
 
 def renders_video(pipe: Any) -> bool:
@@ -62,6 +73,9 @@ def check_call(pipe: Any, spec: Any) -> None:
         raise PermanentFailure("spec.output.format", f"{name} renders images; use png, jpeg or webp")
     elif spec.generation.num_frames is not None:
         raise PermanentFailure("spec.generation.numFrames", f"{name} renders images, not videos; remove numFrames")
+    elif dataset and spec.dataset.columns.num_frames is not None:
+        raise PermanentFailure("spec.dataset.columns.numFrames",
+                               f"{name} renders images, not videos; remove the numFrames column")
     for use, param in (("image", "image"), ("mask", "mask_image")):
         named = (getattr(spec.dataset.columns, use) is not None if dataset
                  else any(getattr(p, use) for p in spec.prompt_objects))
@@ -84,6 +98,7 @@ def call_kwargs(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], steps: i
 
     gen = runtime.spec.generation
     accepted = call_parameters(pipe)
+    shape = batch[0].shape(gen)  # one per call (render_checked's groups)
     # extraArgs first: what the spec and the items decide is set after it (admission refuses those keys
     # in extraArgs: rules/workloads.py RESERVED_CALL_ARGS).
     kwargs: dict[str, Any] = dict(gen.extra_args)
@@ -93,29 +108,29 @@ def call_kwargs(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], steps: i
         "guidance_scale": gen.guidance_scale,
         # Image-conditioned pipelines too: Flux img2img and inpaint would otherwise render at
         # the input image's size.
-        "height": gen.height,
-        "width": gen.width,
+        "height": shape.height,
+        "width": shape.width,
         "generator": [torch.Generator("cpu").manual_seed(t.seed + seed_offset) for t in batch],
     }
     per_prompt = "num_videos_per_prompt" if "num_videos_per_prompt" in accepted else "num_images_per_prompt"
     kwargs[per_prompt] = 1
     if any(t.negative_prompt for t in batch):
         kwargs["negative_prompt"] = [t.negative_prompt or "" for t in batch]
-    if gen.num_frames is not None and "num_frames" in accepted:
-        kwargs["num_frames"] = gen.num_frames
+    if shape.num_frames is not None and "num_frames" in accepted:
+        kwargs["num_frames"] = shape.num_frames
     kwargs.update(_input_kwargs(accepted, runtime, batch, inputs or [{} for _ in batch]))
     return kwargs
 
 
 def _input_kwargs(accepted: Any, runtime: RuntimeSpec, batch: Sequence[Item],
                   inputs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    gen = runtime.spec.generation
+    shape = batch[0].shape(runtime.spec.generation)
     kontext = "_auto_resize" in accepted
     out: dict[str, Any] = {}
     if kontext:
         # FluxKontextPipeline otherwise picks a ~1024^2 resolution of its own whatever height
         # and width say: minutes per image where the job asked for seconds.
-        out.update(_auto_resize=False, max_area=gen.height * gen.width)
+        out.update(_auto_resize=False, max_area=shape.height * shape.width)
     for field, param in (("image", "image"), ("mask", "mask_image")):
         images: list[Any] = [loaded.get(field) for loaded in inputs]
         if all(image is None for image in images):
@@ -123,7 +138,7 @@ def _input_kwargs(accepted: Any, runtime: RuntimeSpec, batch: Sequence[Item],
         if kontext and field == "image":
             # Kontext conditions on the image at its own size (with _auto_resize off): at the
             # job's size its tokens, and so a context-parallel split, are known in advance.
-            images = [image.resize((gen.width, gen.height)) for image in images]
+            images = [image.resize((shape.width, shape.height)) for image in images]
         out[param] = images[0] if len(images) == 1 else images  # WanImageToVideoPipeline takes no list
     if batch and batch[0].strength is not None and "strength" in accepted:
         out["strength"] = batch[0].strength
@@ -141,7 +156,7 @@ def step_callback(pipe: Any, on_step: StepHook | None) -> dict[str, Any]:
     """
     if on_step is None:
         return {}
-    if "callback_on_step_end" not in inspect.signature(pipe.__call__).parameters:
+    if "callback_on_step_end" not in call_parameters(pipe):
         return {}
 
     def callback(_pipe: Any, _step: int, _timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -162,13 +177,15 @@ Checked = tuple[Any, str | None]  # (layouts.RenderedOutput, None), or (None, wh
 
 
 def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_step: StepHook | None = None,
-                   steps: int | None = None, seed_offset: int = 0) -> list[Checked]:
+                   steps: int | None = None, seed_offset: int = 0, pad_to: int | None = None) -> list[Checked]:
     """Render a batch: each item's (layouts.RenderedOutput, None), or (None, why it cannot be used).
 
     An item fails on its own when its text is not valid Unicode (items.text_problem: a tokenizer
     would raise), its inputs cannot be read (inputs.InputError, naming the field and the path) or
-    its output has NaN values. Items of different strengths, or with
-    and without inputs, go in separate calls (a pipeline takes one strength per call).
+    its output has NaN values. Items of different strengths or sizes, or with
+    and without inputs, go in separate calls (a pipeline takes one strength and one size per call).
+    `pad_to`: every call renders that many items (render/batching.py's call_size: a compiled graph's batch
+    size), a short one padded with copies of its last item, whose outputs are dropped.
     """
     loaded: dict[str, dict[str, Any]] = {}
     results: dict[str, Checked] = {}
@@ -186,18 +203,18 @@ def render_checked(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], on_st
         if needs and "image" not in loaded[item.key]:
             results[item.key] = (None, f"{type(pipe).__name__} needs an input image, and this item has none")
     for group in _call_groups([item for item in batch if item.key not in results], loaded):
-        outputs = _call(pipe, runtime, group, [loaded[i.key] for i in group], on_step, steps, seed_offset)
+        outputs = _call(pipe, runtime, group, [loaded[i.key] for i in group], on_step, steps, seed_offset, pad_to)
         results.update({item.key: result for item, result in zip(group, outputs, strict=True)})
     return [results[item.key] for item in batch]
 
 
 def _call_groups(items: Sequence[Item], loaded: dict[str, dict[str, Any]]) -> list[list[Item]]:
-    """Consecutive items that one call can take: the same strength, and the same kinds of
-    inputs (a call takes images for all its prompts or for none)."""
+    """Consecutive items that one call can take: the same strength, size (height, width, frames) and kinds
+    of inputs (a call takes images for all its prompts or for none)."""
     groups: list[list[Item]] = []
     keys: list[tuple[Any, ...]] = []
     for item in items:
-        key = (item.strength, tuple(sorted(loaded[item.key])))
+        key = (item.strength, item.height, item.width, item.num_frames, tuple(sorted(loaded[item.key])))
         if keys and keys[-1] == key:
             groups[-1].append(item)
         else:
@@ -207,7 +224,7 @@ def _call_groups(items: Sequence[Item], loaded: dict[str, dict[str, Any]]) -> li
 
 
 def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequence[dict[str, Any]],
-          on_step: StepHook | None, steps: int | None, seed_offset: int) -> list[Checked]:
+          on_step: StepHook | None, steps: int | None, seed_offset: int, pad_to: int | None = None) -> list[Checked]:
     """One pipeline call.
 
     The pipeline returns floats (output_type "np") so that a diverged sample (NaN) is caught
@@ -217,15 +234,18 @@ def _call(pipe: Any, runtime: RuntimeSpec, batch: Sequence[Item], inputs: Sequen
     import numpy as np
     import torch
 
-    kwargs = call_kwargs(pipe, runtime, batch, steps, seed_offset, inputs)
+    pad = max(0, (pad_to or 0) - len(batch))
+    kwargs = call_kwargs(pipe, runtime, [*batch, *[batch[-1]] * pad], steps, seed_offset,
+                         [*inputs, *[inputs[-1]] * pad])
     kwargs.update(step_callback(pipe, on_step))
+    denoising.prepare(pipe, kwargs)  # an item with checkpoints: where it resumes, what its steps save
     as_numpy = "output_type" in call_parameters(pipe)
     if as_numpy:
         kwargs["output_type"] = "np"
     video = renders_video(pipe)
     with torch.inference_mode():
         result = pipe(**kwargs)
-    arrays = result.frames if video else result.images
+    arrays = (result.frames if video else result.images)[:len(batch)]  # the padding's dropped
     if not as_numpy:
         return [(RenderedOutput(frames=frames_to_uint8(a)) if video else RenderedOutput(image=a), None) for a in arrays]
     poisoned = nan_rows()

@@ -23,17 +23,17 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from muralist_api.contract import Counts, output_folder
+from muralist_api.contract import CheckpointSteps, Counts, output_folder
 from muralist_api.items import item_key, printable
 from muralist_api.runtime_spec import RuntimeSpec
 
 from ..step_cache import verdict as cache_verdict
-from ..work import item_failures
+from ..work import compile_records, item_failures
 from ..work.chunks import Tally, WorkPlan, merge_wait_bound, owner
 from ..work.claims import ClaimClient
 from ..work.item_failures import NAMED, describe_item
 from ..world.distributed import Layout
-from . import layouts, shards, storage, temps
+from . import checkpoints, layouts, shards, storage, temps
 from .gallery import write_gallery
 from .layouts import read_part
 from .writer import JobFile
@@ -156,10 +156,11 @@ def _utf8(text: Any) -> Any:
 
 def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str, Any],
           sampled: list[dict[str, Any]] | None = None, plan: WorkPlan | None = None,
-          holder: Holder = lambda _chunk: "") -> dict[str, int]:
+          holder: Holder = lambda _chunk: "", checkpointed: dict[str, int] | None = None) -> dict[str, int]:
     """The manifest, the index and the gallery; returns the counts by status, and `rerendered` (the
     rendered items that replaced an output of another request). `sampled` collects the rows the cache
-    gate measured (cache_verdict.ROW_FIELD). With the `plan`, every planned item must be there
+    gate measured (cache_verdict.ROW_FIELD); `checkpointed` sums runPolicy.checkpoint's fields of the records
+    (resumed items, stepsSaved, stepsLost). With the `plan`, every planned item must be there
     (`entries`): else MergeIncomplete, and nothing is published."""
     counts: dict[str, int] = {}
     manifest = root / output_folder.MANIFEST_FILE
@@ -176,6 +177,8 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
                     counts["rerendered"] = counts.get("rerendered", 0) + 1
                 if sampled is not None and cache_verdict.ROW_FIELD in entry:
                     sampled.append(entry)
+                if checkpointed is not None:
+                    _count_steps(checkpointed, entry)
                 out.write(json.dumps(entry, sort_keys=True) + "\n")
                 index.write(index_row(entry))
                 yield entry
@@ -194,12 +197,22 @@ def merge(root: Path, chunks: int, title: str, page_size: int, caption: dict[str
     return counts
 
 
+def _count_steps(checkpointed: dict[str, int], entry: dict[str, Any]) -> None:
+    for name, field in (("resumed", "resumedFromStep"), ("stepsSaved", "stepsSaved"), ("stepsLost", "stepsLost")):
+        value = entry.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            checkpointed[name] = checkpointed.get(name, 0) + (1 if name == "resumed" else value)
+
+
 def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: ClaimClient, layout: Layout,
               pending: Callable[[int], object], slowest_item_seconds: float, timings: dict[str, float],
-              learned: dict[str, Any] | None = None) -> Counts:
+              learned: dict[str, Any] | None = None,
+              memory: Callable[[], dict[str, Any]] | None = None) -> tuple[Counts, CheckpointSteps | None]:
     """The first pod's first rank: wait for every chunk, merge, and fail the job when its failed
-    items say so; returns the job's items as the manifest has them. `pending`: this pod's ranks not
-    done yet (it raises on a stalled one)."""
+    items say so; returns the job's items as the manifest has them, and with runPolicy.checkpoint the steps
+    its records say were saved and lost. `pending`: this pod's ranks not
+    done yet (it raises on a stalled one); `memory`: the job file's memory estimate and measured peaks,
+    read once every chunk is in."""
     start = time.perf_counter()
     # A hung rank of this pod holds its chunk forever: fail the pod (retried) instead of waiting.
     # Another pod's is the operator's to retry (its stall timeout); should no chunk finish for
@@ -210,7 +223,11 @@ def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: Cl
         holder=lambda group: f"pod {group * layout.group_size // layout.local_world_size}")
     timings["waitSeconds"] = time.perf_counter() - start
     spec = runtime.spec
+    plan = runtime.parallel_plan
     caption = {"model": spec.model.name, "strategy": spec.parallelism.strategy,
+               # strategy Auto: what it chose and why
+               "plan": f"Auto ({plan.objective}): {plan.summary}" if plan is not None else None,
+               "planReasons": plan.reasons if plan is not None else [],
                "scheduler": spec.generation.scheduler.name if spec.generation.scheduler else None,
                "adapters": [{"name": a.name, "scale": a.scale} for a in spec.model.adapters]}
     sampled: list[dict[str, Any]] = []
@@ -218,20 +235,31 @@ def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: Cl
         group = owner(claims, chunk)
         return f"pod {group * layout.group_size // layout.local_world_size}" if group is not None else ""
 
+    checkpointed: dict[str, int] = {}
     counts = merge(jobfile.root, work.chunks, runtime.name, spec.output.gallery_page_size, caption, sampled,
-                   plan=work, holder=holder)
+                   plan=work, holder=holder, checkpointed=checkpointed)
     summary: dict[str, Any] = {**(learned or {}), "items": counts}
+    steps = None
+    if spec.run_policy.checkpoint is not None or checkpointed:
+        summary["checkpoints"] = {"resumed": 0, "stepsSaved": 0, "stepsLost": 0, **checkpointed}
+        steps = CheckpointSteps(checkpointed.get("stepsSaved", 0), checkpointed.get("stepsLost", 0))
     if spec.generation.cache is not None and spec.generation.cache.verify is not None:
         off = cache_verdict.read_off(storage.at(jobfile.root), jobfile.root)
         summary["cacheVerify"] = cache_verdict.summarise(sampled, spec.generation.cache.verify.thresholds(), off)
+    if memory is not None and (measured := memory()):
+        summary["memory"] = measured
+    if (compiled := compile_records.summary(claims)) is not None:
+        summary["compile"] = compiled  # every rank's, told through the store (render/compiled.py)
     jobfile.write(layout.describe(), timings, summary)
     # Merged: no temp of the tree is needed any more (a killed writer's, a slow duplicate's).
     if removed := temps.remove_all_in(layouts.tree(jobfile.root)):
         log.info("removed %d temp files left by killed or duplicate writers", len(removed))
+    if left := checkpoints.remove_all(jobfile.root):  # of items kept, or written by a pod killed before it removed them
+        log.info("removed the checkpoints of %d items, all done", left)
     log.info("%s of %d items in %s", counts, work.total_items, jobfile.root)
     job = Counts(completed=counts.get("rendered", 0), skipped=counts.get("skipped", 0), failed=counts.get("failed", 0),
                  total=work.total_items, rerendered=counts.get("rerendered", 0))
     verdict = item_failures.merge_verdict(job.completed + job.skipped, job.failed)
     if verdict is not None:  # merged all the same: the manifest and the gallery say why each failed
         raise item_failures.failure(verdict, first_failed(jobfile.root, work.chunks))
-    return job
+    return job, steps

@@ -6,10 +6,14 @@ that could not be read, text that is not valid Unicode, an input image that is m
 unreadable, an output with NaN values, any exception of its pipeline call (render/failures.py:
 only a broken collective or a lost device fails the rank) — and is recorded with its reason;
 when a chunk ends, item_failures decides whether the failures so far fail the job.
+With runPolicy.checkpoint, each item's call runs inside model/checkpointing.py's `rendering`: resumed
+from the item's checkpoint, its state saved every everySteps steps, and stopped at a step's end when
+the pod is told to stop (its chunk is then handed back); the item's checkpoint goes once it is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -21,14 +25,16 @@ from muralist_api.contract import PermanentFailure
 from muralist_api.items import Item
 
 from ..model import call
+from ..model.checkpointing import Checkpointing
 from ..outputs import requests, storage, writer
-from ..outputs.layouts import RenderedOutput, chunk_counts, failed_entry, read_part, relisted, write_part
+from ..outputs.layouts import FilesLayout, RenderedOutput, chunk_counts, failed_entry, read_part, relisted, write_part
 from ..run_state import NotSetUp, RunPlan, RunState
 from ..step_cache.gate import CacheGate
 from ..testing import faults
 from ..work import chunks, item_failures, rows
 from ..world import drain
-from . import failures
+from . import batching, failures
+from .compiled import compiled_size
 
 log = logging.getLogger("muralist")
 # What a group's first rank shares instead of a chunk when the pod was told to stop.
@@ -110,6 +116,7 @@ def generate(job: RunPlan, pipe: Any, state: RunState) -> None:
     rendered = 0
     gate = CacheGate.for_job(job.runtime, job.work.start, job.work.total_items,
                              storage.at(Path(job.runtime.output_dir)), call.render_checked)
+    state.checkpoints = Checkpointing.for_job(job.runtime, pipe, state.world, state.timings)
     try:
         for chunk, sweeping in chunk_stream(job, state):
             if gate is not None:
@@ -184,12 +191,16 @@ def run_chunk(job: RunPlan, pipe: Any, state: RunState, chunk: int, sweeping: bo
         return 0
     test = faults.ImageCues()
     rendered = 0
-    for batch in _batches(todo, job.runtime.spec.generation.batch_size):
+    for batch in batching.shape_batches(todo, job.runtime.spec.generation):
         if state.world.share_in_group(drain.requested() if state.writes else None):
             _hand_back(job, state, chunk, run, test)
         if sweeping:  # a duplicate may have finished some meanwhile: those are kept
             batch = state.world.share_in_group(_not_kept_meanwhile(state, run, batch) if run is not None else None)
-        for item, image, reason, seconds in render_items(job, pipe, state, batch, gate):
+        try:
+            results = render_items(job, pipe, state, batch, gate)
+        except drain.StoppedMidItem as e:  # runPolicy.checkpoint: the item's state is saved
+            _hand_back(job, state, chunk, run, test, f" ({e})")
+        for item, image, reason, seconds in results:
             if run is None:
                 continue
             if reason is not None:
@@ -198,6 +209,8 @@ def run_chunk(job: RunPlan, pipe: Any, state: RunState, chunk: int, sweeping: bo
                 continue
             assert image is not None
             image.metadata.update(requests.record(job.runtime, item))
+            if state.checkpoints is not None:  # resumedFromStep, stepsSaved, stepsLost
+                image.metadata.update(state.checkpoints.record(item.key))
             if item.key in run.stale:
                 image.metadata["replaced"] = run.stale[item.key]
             _threads(state).submit(chunk, item, image, seconds)
@@ -219,10 +232,6 @@ def _not_kept_meanwhile(state: RunState, run: ChunkRun, batch: list[Item]) -> li
         run.entries[key] = entry
         state.progress.item_done(key, "skipped", 0.0)
     return [i for i in batch if i.key not in kept.entries]
-
-
-def _batches(items: list[Item], size: int) -> list[list[Item]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 Rendered = tuple[Item, RenderedOutput | None, str | None, float]
@@ -253,7 +262,8 @@ def render_items(job: RunPlan, pipe: Any, state: RunState, batch: list[Item], ga
             time.sleep(slow)
 
     t0 = time.perf_counter()
-    results, error = _call(job, pipe, state, batch, gate, on_step)
+    with compiled_size(state, batch[0].shape(job.runtime.spec.generation)):
+        results, error = _call(job, pipe, state, batch, gate, on_step)
     error = _group_outcome(state, error)
     if error is None:
         seconds = (time.perf_counter() - t0) / max(1, len(batch))
@@ -275,14 +285,18 @@ Outcome = tuple[str, bool]  # a failed call: (its reason, out of memory)
 def _call(job: RunPlan, pipe: Any, state: RunState, batch: list[Item], gate: CacheGate | None,
           on_step: Callable[[], None]) -> tuple[list[call.Checked], Outcome | None]:
     """One call's results, or why it failed; a failure of the world is raised."""
+    checkpointed = (state.checkpoints.rendering(pipe, batch[0]) if state.checkpoints is not None
+                    else contextlib.nullcontext())
     try:
-        results = call.render_checked(pipe, job.runtime, batch, on_step=on_step)
+        with checkpointed:
+            results = call.render_checked(pipe, job.runtime, batch, on_step=on_step,
+                                          pad_to=batching.call_size(job.runtime.spec.generation))
         for _ in range(faults.render_repeat(state.world.layout.rank) - 1):  # a test's slow rank: the same work again
             call.render_checked(pipe, job.runtime, batch)
         if gate is not None:
             results = gate.check(pipe, batch, results, on_step, state.writes)
-    except PermanentFailure:
-        raise  # a verdict on the job (the cache gate's), not an item's failure
+    except (PermanentFailure, drain.Drained):
+        raise  # a verdict on the job (the cache gate's), not an item's failure; a stop in the middle of an item
     except Exception as e:
         if failures.world_failure(e):
             raise  # a broken collective or a lost device: the pod fails and is retried
@@ -308,13 +322,16 @@ def _add_written(state: RunState, run: ChunkRun, test: faults.ImageCues) -> None
     while run.order and run.order[0] in run.done:
         written = run.done.pop(run.order.pop(0))
         run.entries[written.item.key] = state.layout.add(run.chunk, written.item, written.result)
+        if state.checkpoints is not None and isinstance(state.layout, FilesLayout):
+            state.checkpoints.written(written.item.key)  # on disk for good (a shard is at the chunk's end)
         state.progress.item_done(written.item.key, "completed", written.seconds,
                                  rerendered=written.item.key in run.stale)
         state.timings.setdefault("firstItemSeconds", time.perf_counter() - state.started)
         test.image_written(state.world.layout.rank)
 
 
-def _hand_back(job: RunPlan, state: RunState, chunk: int, run: ChunkRun | None, test: faults.ImageCues) -> None:
+def _hand_back(job: RunPlan, state: RunState, chunk: int, run: ChunkRun | None, test: faults.ImageCues,
+               saved: str = "") -> None:
     """The pod was told to stop in the middle of a chunk: keep what is rendered (the writer
     threads finish it; whoever takes the chunk next skips those items), give the chunk back."""
     done = 0
@@ -325,9 +342,9 @@ def _hand_back(job: RunPlan, state: RunState, chunk: int, run: ChunkRun | None, 
         released = chunks.release(state.claims, chunk, state.world.layout.group_index)
         done = len([e for e in run.entries.values() if e.get("status") != "failed"])
         if not released:
-            raise drain.Drained(f"stopped in chunk {chunk} with {done} of its items written; another group took the "
-                                "chunk meanwhile and finishes it")
-    raise drain.Drained(f"stopped in chunk {chunk} with {done} of its items written; the chunk is handed back "
+            raise drain.Drained(f"stopped in chunk {chunk} with {done} of its items written{saved}; another group "
+                                "took the chunk meanwhile and finishes it")
+    raise drain.Drained(f"stopped in chunk {chunk} with {done} of its items written{saved}; the chunk is handed back "
                         "to the other pods")
 
 
@@ -338,6 +355,9 @@ def _end_chunk(job: RunPlan, state: RunState, run: ChunkRun, test: faults.ImageC
     state.layout.end_chunk(run.chunk)
     entries = sorted(run.entries.values(), key=lambda e: e["index"])
     write_part(state.layout.root, run.chunk, entries)
+    if state.checkpoints is not None:  # the chunk's items are written, or their failures recorded
+        for entry in entries:
+            state.checkpoints.written(entry["key"])
     completed, failed, failures = chunk_counts(entries)
     tally = _tally(job, state)
     verdict = tally.verdict(tally.finished(run.chunk, completed, failed, failures), job.runtime.spec.run_policy,

@@ -22,6 +22,9 @@ With either set, each image is written before the next is rendered, so N is exac
   ranks the others would not join the extra renders' collectives.
 - MURALIST_TEST_STATIC_PLAN=1: fixed contiguous shares instead of claimed chunks (the
   benchmark's comparison).
+- MURALIST_TEST_KILL_AT_STEP=s: a rank with runPolicy.checkpoint SIGKILLs itself at the end of its s-th
+  denoising step of job items (counted in the process), once that step's checkpoint (when due) and note are
+  written: a pod killed in the step after, with nothing more of it told.
 MURALIST_TEST_BREAK_CP is read by canary.py.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from dataclasses import dataclass, field
 
@@ -37,13 +41,27 @@ from muralist_api.contract.env import PodEnv, TestFaults
 
 log = logging.getLogger("muralist")
 
+# The knobs' variables: read on every call and every denoising step, so parsed once for each set of their values
+# (PodEnv.from_environ reads the whole pod environment: ~40 us, ~1 % of a small item's time over its steps).
+_KNOBS = tuple(value for name, value in vars(contract).items() if name.startswith("MURALIST_TEST_"))
+_PARSED: dict[tuple[str | None, ...], TestFaults] = {}
+
+
+def current() -> TestFaults:
+    """The test knobs as the environment sets them now."""
+    values = tuple(os.environ.get(name) for name in _KNOBS)
+    found = _PARSED.get(values)
+    if found is None:
+        found = _PARSED[values] = PodEnv.from_environ().faults
+    return found
+
 
 @dataclass
 class ImageCues:
     """The knobs that act on a rank's N-th written image (TestFaults: the one type of the test knobs, read
     from the environment by PodEnv), and this rank's count of written images."""
 
-    faults: TestFaults = field(default_factory=lambda: PodEnv.from_environ().faults)
+    faults: TestFaults = field(default_factory=lambda: current())
     written: int = 0
 
     @property
@@ -61,7 +79,7 @@ class ImageCues:
 
 
 def nan_rows() -> frozenset[int]:
-    return PodEnv.from_environ().faults.nan_rows
+    return current().nan_rows
 
 
 class InjectedFailure(RuntimeError):
@@ -73,7 +91,9 @@ _OOM_RAISED: set[int] = set()
 
 def raise_in_call(rows: list[int]) -> None:
     """From a step callback: fail the call as MURALIST_TEST_RAISE_ROWS / _OOM_ROWS say for its rows."""
-    faults = PodEnv.from_environ().faults
+    faults = current()
+    if not (faults.raise_rows or faults.oom_rows):
+        return
     hit = sorted(set(rows) & faults.raise_rows)
     if hit:
         raise InjectedFailure(f"{contract.MURALIST_TEST_RAISE_ROWS}: the call of row {hit[0]} fails")
@@ -87,15 +107,29 @@ def raise_in_call(rows: list[int]) -> None:
 
 def step_sleep(rank: int) -> float:
     """Seconds the slow rank sleeps after each step (0 for every other rank)."""
-    faults = PodEnv.from_environ().faults
+    faults = current()
     return faults.step_sleep if rank == faults.slow_rank else 0.0
 
 
 def render_repeat(rank: int) -> int:
     """How many times the slow rank renders each batch (1 for every other rank)."""
-    faults = PodEnv.from_environ().faults
+    faults = current()
     return max(1, faults.render_repeat) if rank == faults.slow_rank else 1
 
 
 def static_plan() -> bool:
-    return PodEnv.from_environ().faults.static_plan
+    return current().static_plan
+
+
+_STEPS_ENDED = [0]
+
+
+def step_ended() -> None:
+    """A denoising step of a job item ended (model/checkpointing.py): MURALIST_TEST_KILL_AT_STEP's moment."""
+    kill_at = current().kill_at_step
+    if not kill_at:
+        return
+    _STEPS_ENDED[0] += 1
+    if _STEPS_ENDED[0] == kill_at:
+        log.warning("%s=%d: this rank kills itself", contract.MURALIST_TEST_KILL_AT_STEP, kill_at)
+        os.kill(os.getpid(), signal.SIGKILL)

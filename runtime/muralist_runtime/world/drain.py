@@ -7,7 +7,9 @@ nothing: before it claims a chunk, between batches, and while the first pod wait
 rank that finds it stops claiming, lets the writer threads finish what was rendered, hands its
 unfinished chunk back to the store and ends with the Drained verdict (exit DRAINED_EXIT_CODE for
 the pod). The item in flight finishes if the grace period allows (runPolicy.terminationGracePeriodSeconds);
-otherwise the kubelet's SIGKILL abandons it, and only it.
+otherwise the kubelet's SIGKILL abandons it, and only it. With runPolicy.checkpoint (onTerminate), the
+ranks also look at the end of each denoising step: the item's state is saved there and the item stops
+(`StoppedMidItem`), to resume where it was in whichever pod takes its chunk next.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from muralist_api.contract.env import PodEnv
 
 class Drained(Exception):
     """This rank stopped on request; its message says what it handed back."""
+
+
+class StoppedMidItem(Drained):
+    """Told to stop in the middle of an item whose denoising state was saved there (runPolicy.checkpoint's
+    onTerminate): the claim loop hands the item's chunk back, and whoever takes it resumes the item."""
 
 
 _seen = False
