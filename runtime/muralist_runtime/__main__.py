@@ -4,8 +4,8 @@ import logging
 import os
 import sys
 
-if os.environ.get("MURALIST_TEST_ZYGOTE"):  # tests only: fork this rank from a warm interpreter
-    from .testing.zygote import delegate
+if os.environ.get("MURALIST_ZYGOTE"):  # world/zygote.py's ZYGOTE_ENV: fork this rank from a warm interpreter
+    from .world.zygote import delegate
 
     delegate()  # returns only when the zygote declines: then this process is the rank
 

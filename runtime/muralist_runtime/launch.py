@@ -13,11 +13,14 @@ reasons the launchers cannot serve themselves:
   bury it; the ranks only write it (`muralist run` prints it once for all its agents);
 - SIGTERM (a resize, preemption, eviction) drains the pod (world/drain.py): torchrun would pass
   it on and kill its workers 30 s later whatever they were doing, so the signal stays here and
-  the ranks find the drain file instead; the pod then exits DRAINED_EXIT_CODE.
+  the ranks find the drain file instead; the pod then exits DRAINED_EXIT_CODE;
+- the ranks' imports (torch, diffusers, transformers: ~5 s) need not wait for the agent's own
+  and its rendezvous: on a CPU pod a zygote (world/zygote.py) starts first and imports them beside
+  the agent, and the ranks fork from it (`warm_start`).
 
 Everything else is the pod contract's (muralist_api/contract/pod.py): PET_* variables already in the
 environment win, so a rendered pod and a local agent run exactly the command they show.
-Torch-free and quick: it only reads the spec and starts one process.
+Torch-free and quick: it only reads the spec and starts one process (two on a CPU pod: the zygote).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from muralist_api.contract.env import PodEnv
 from muralist_api.runtime_spec import read_runtime_spec
 
 from .report.termination import permanent_verdict_line, termination_text
-from .world import drain
+from .world import drain, zygote
 
 
 def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -58,6 +61,28 @@ def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[
     return argv, pet
 
 
+# What the ranks set before their imports (main._quiet_libraries), set for them here when a zygote imports for them:
+# its imports must see what theirs would have.
+QUIET_LIBRARIES = {"TRANSFORMERS_VERBOSITY": "error", "DIFFUSERS_VERBOSITY": "error"}
+
+
+def warm_start(spec_file: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, dict[str, str]] | None:
+    """A zygote for this pod's ranks (world/zygote.py), started before the agent: on a CPU pod, unless one is
+    given already (the test session's) or MURALIST_ZYGOTE=off. Returns it, its socket and the agent's environment,
+    which is the zygote's: what the ranks will have (torchrun sets OMP_NUM_THREADS=1 for several workers when it
+    is not set; the ranks quiet the libraries before importing them)."""
+    if env.get(zygote.ZYGOTE_ENV):
+        return None
+    par = read_runtime_spec(Path(spec_file).read_text(), refuse_unknown=False).spec.parallelism
+    if par.gpus_per_node > 0:
+        return None
+    ranks = {**QUIET_LIBRARIES, **env}
+    if par.launcher == "torchrun" and par.resolved_processes_per_node > 1:
+        ranks.setdefault("OMP_NUM_THREADS", "1")
+    proc, path = zygote.start(ranks)
+    return proc, path, {**ranks, zygote.ZYGOTE_ENV: path}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="muralist_runtime.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="RuntimeSpec JSON file.")
@@ -66,8 +91,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     drain_file = PodEnv.from_environ().drain_file or os.path.join(
         tempfile.gettempdir(), f"muralist-drain-{os.getpid()}")
     Path(drain_file).unlink(missing_ok=True)
-    proc = subprocess.Popen(command, env={**os.environ, **pet, contract.MURALIST_LAUNCHED: "1",
-                                          contract.MURALIST_DRAIN_FILE: drain_file})
+    env = {**os.environ, **pet, contract.MURALIST_LAUNCHED: "1", contract.MURALIST_DRAIN_FILE: drain_file}
+    warm = warm_start(args.spec, env)
+    try:
+        return _launch(command, warm[2] if warm is not None else env, drain_file)
+    finally:
+        if warm is not None:
+            zygote.stop(warm[0], warm[1])
+
+
+def _launch(command: list[str], env: dict[str, str], drain_file: str) -> int:
+    proc = subprocess.Popen(command, env=env)
 
     def forward(signum: int, _frame: object) -> None:
         proc.send_signal(signum)  # the launcher passes it on to its workers

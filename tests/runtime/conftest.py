@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from muralist_api import contract
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime.testing import zygote
+from muralist_runtime.world import zygote
 
 from tests.builders import JobBuilder
 
@@ -100,7 +100,14 @@ class Run:
 
 
 def without_zygote(env: dict[str, str]) -> dict[str, str]:
-    """`env` for a run whose ranks must start the ordinary way (imports and all)."""
+    """`env` for a run whose ranks must start the ordinary way (imports and all): no zygote, not even the
+    pod's own (world/zygote.py)."""
+    return {**env, zygote.ZYGOTE_ENV: zygote.OFF}
+
+
+def as_a_pod(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a run whose ranks start as a pod's do: from the zygote its launch entry point starts (a CPU
+    pod's), not the test session's."""
     return {k: v for k, v in env.items() if k != zygote.ZYGOTE_ENV}
 
 
@@ -108,8 +115,8 @@ def without_zygote(env: dict[str, str]) -> dict[str, str]:
 def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Environment for spawned processes: the session's tiny-model cache, pinned threads, no
     hub (tests that use the hub stand-in turn HF_HUB_OFFLINE off), and the session's zygote
-    (muralist_runtime/testing/zygote.py), from which the ranks fork with their imports done.
-    MURALIST_TEST_ZYGOTE=off starts every rank the ordinary way."""
+    (muralist_runtime/world/zygote.py), from which the ranks fork with their imports done.
+    MURALIST_ZYGOTE=off starts every rank the ordinary way."""
     cache = tmp_path_factory.mktemp("muralist-cache")
     env = {
         **os.environ,
@@ -122,8 +129,8 @@ def runtime_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         "TRANSFORMERS_VERBOSITY": "error",
         "DIFFUSERS_VERBOSITY": "error",
     }
-    if env.pop(zygote.ZYGOTE_ENV, None) == "off":
-        yield env
+    if env.pop(zygote.ZYGOTE_ENV, None) == zygote.OFF:
+        yield without_zygote(env)
         return
     with zygote.started(env) as socket_path:
         yield {**env, zygote.ZYGOTE_ENV: socket_path}

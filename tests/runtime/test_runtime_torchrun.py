@@ -16,7 +16,7 @@ from muralist_api.contract import PERMANENT_FAILURE_EXIT_CODE
 from muralist_runtime.model import shapes
 from PIL import Image
 
-from .conftest import Run, make_job, runtime_spec_json, torchrun, without_zygote
+from .conftest import Run, as_a_pod, make_job, runtime_spec_json, torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -216,12 +216,13 @@ def test_muralist_run_with_accelerate_launcher(tmp_path: Path, runtime_env, refe
 
 
 def test_quickstart_example(tmp_path: Path, runtime_env) -> None:
-    # As a newcomer runs it: its ranks start the ordinary way (imports and all), not from the zygote.
+    # As a newcomer runs it: its ranks fork from the zygote its launch entry point starts (a CPU pod's warm
+    # start, world/zygote.py), not from the test session's.
     out = tmp_path / "quickstart"
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "muralist_cli", "run",
                            str(REPO / "examples" / "quickstart-cpu.yaml"), "--output", str(out)],
-                          env=without_zygote(runtime_env), capture_output=True, text=True, timeout=240)
+                          env=as_a_pod(runtime_env), capture_output=True, text=True, timeout=240)
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list((out / "images").glob("*.png"))) == 16

@@ -220,7 +220,7 @@ def stall_watch(directory: Path, timeout: float) -> Callable[[object], int]:
     return pending
 
 
-def wait_for_pod(directory: Path, timeout: float, poll: float = 1.0) -> None:
+def wait_for_pod(directory: Path, timeout: float, poll: float = 0.1) -> None:
     """Until every rank of this pod says it is done (pending_ranks raises on a stalled one).
 
     Ranks of a pod share no collective at the end, so without this a hung rank would keep the

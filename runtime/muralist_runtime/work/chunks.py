@@ -63,7 +63,10 @@ log = logging.getLogger("muralist.work")
 CHUNKS_PER_GROUP = 16
 MAX_CHUNK_ROWS = 32
 NAMESPACE = "work"
-WAIT_SECONDS = 1.0
+# How often a wait for other groups' chunks looks again (a lingering group, the merge): at the end of a job
+# every group but the last waits, so a second here was up to a second more of the whole job (a few store reads
+# a poll, on the first pod).
+WAIT_SECONDS = 0.1
 # What a group's first rank shares instead of a chunk when it found the job over (NothingLeft).
 NOTHING_LEFT = "nothing-left"
 # What dynamic_chunks yields instead of a chunk, about once a WAIT_SECONDS, while it stays for

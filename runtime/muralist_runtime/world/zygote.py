@@ -1,21 +1,25 @@
-"""Test-only: ranks forked from a warm interpreter, so a test pays torch's imports once.
+"""Ranks forked from a warm interpreter (the zygote), so that a pod pays torch's imports once, and early.
 
-A rank's process spends ~7.7 s of CPU importing torch, diffusers and transformers before it
-reads its spec, and the runtime tests start some 150 ranks under real torchrun: on CI's two cores
-that is most of the suite's time. The test session starts one zygote per test worker
-(`python -m muralist_runtime.testing.zygote SOCKET`), which imports those libraries once and
-serves. A rank started with MURALIST_TEST_ZYGOTE in its environment (`__main__.py` asks
-`delegate()` first) hands the zygote its argv, environment, working directory and standard
-streams; the zygote forks a child that runs the rank from there, exactly as `python -m
-muralist_runtime` would, and the rank's own process, the one torchrun started and watches, passes
-signals on to the child and ends as it ended (same code, or killed by the same signal). If that
-process is killed, the child kills itself (it watches a pipe only that process holds open).
+A rank's process spends ~5 s (7.7 s of CPU under a test run's load) importing torch, diffusers and transformers
+before it reads its spec, and under `muralist run` or in a pod it only starts after the launch entry point, the
+launcher agent and torchrun's rendezvous (~2 s more, the agent importing torch meanwhile). So the launch entry
+point of a CPU pod starts a zygote first thing (`start`: `python -m muralist_runtime.world.zygote SOCKET
+MODULE...`), which listens at once, imports those libraries and the runtime's modules beside the agent, and
+serves. A rank started with MURALIST_ZYGOTE in its environment (`__main__.py` asks `delegate()` first; it
+waits while the zygote is still importing) hands the zygote its argv, environment, working directory and
+standard streams; the zygote forks a child that runs the rank from there, exactly as `python -m
+muralist_runtime` would, and the rank's own process, the one torchrun started and watches, passes signals on to
+the child and ends as it ended (same code, or killed by the same signal). If that process is killed, the child
+kills itself (it watches a pipe only that process holds open). The zygote ends with its parent.
 
-The rank starts the ordinary way whenever the zygote cannot serve it: no socket, or an environment
-variable that a library reads at import time differs from the zygote's (a hub test's HF_HOME, a
-benchmark's thread settings): the imports the zygote did would not be the ones the rank asked for.
+The rank starts the ordinary way whenever the zygote cannot serve it: no socket, MURALIST_ZYGOTE=off, or an
+environment variable that a library reads at import time differs from the zygote's (a hub test's HF_HOME, a
+benchmark's thread settings): the imports the zygote did would not be the ones the rank asked for. A GPU pod
+starts its ranks the ordinary way: a fork after a library has touched the CUDA driver cannot use the GPU, and
+that has not been measured on a GPU yet.
 
-Nothing in a pod sets MURALIST_TEST_ZYGOTE; the real-node tests start ranks the ordinary way.
+The test session starts one zygote per test worker (`started`) and hands its socket to every rank it starts, so
+that the suite pays the imports once per worker.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-ZYGOTE_ENV = "MURALIST_TEST_ZYGOTE"
+# A pod variable of the launch entry point (launch.py) for its ranks: the zygote's socket, or "off". Spelled here,
+# not in the API's contract, so that a rank's process delegates before it imports anything (the API: 0.3 s).
+ZYGOTE_ENV = "MURALIST_ZYGOTE"
+OFF = "off"
 # Read by torch, the hub client, transformers, diffusers and the BLAS/OpenMP runtimes when they are
 # imported: a rank whose values differ starts the ordinary way. torchrun's own per-worker variables
 # (TORCHELASTIC_*, TORCH_NCCL_*, TORCHINDUCTOR_CACHE_DIR) are read when the rank runs, so they may differ.
@@ -92,7 +99,7 @@ def delegate(module: str = "muralist_runtime") -> None:
     end as it ends; return (and start the ordinary way) when there is no zygote or it declines
     this environment."""
     path = os.environ.get(ZYGOTE_ENV)
-    if not path:
+    if not path or path == OFF:
         return
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -190,11 +197,12 @@ def _run_child(request: dict[str, Any], fds: list[int]) -> int:
 
 
 def serve(path: str, warm: bool = True, modules: list[str] | None = None) -> None:
-    if warm:
-        preload(modules or [])
+    # Listening before the imports: a rank that comes early waits in the backlog, not starts the ordinary way.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
+    if warm:
+        preload(modules or [])
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -262,11 +270,34 @@ def serve(path: str, warm: bool = True, modules: list[str] | None = None) -> Non
         _send(conn, {"pid": pid})
 
 
+def start(env: dict[str, str], modules: tuple[str, ...] = ("muralist_runtime.main",)) -> tuple[
+        subprocess.Popen[bytes], str]:
+    """A zygote for the ranks of this pod, whose environment will be `env` (its import-time part); returns the
+    process and the socket to set as MURALIST_ZYGOTE. It does not wait: the ranks do, when they connect."""
+    folder = tempfile.mkdtemp(prefix="muralist-zygote-")  # short: a socket path has ~100 bytes
+    path = os.path.join(folder, "socket")
+    proc = subprocess.Popen([sys.executable, "-m", __name__, path, *modules], stdout=subprocess.DEVNULL,
+                            env={k: v for k, v in env.items() if k != ZYGOTE_ENV})
+    return proc, path
+
+
+def stop(proc: subprocess.Popen[bytes], path: str) -> None:
+    """End a zygote `start` began (its children, the ranks, are torchrun's to end) and remove its socket."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
 @contextlib.contextmanager
 def started(env: dict[str, str], warm: bool = True, modules: tuple[str, ...] = ("muralist_runtime.main",),
             timeout: float = 180) -> Iterator[str]:
     """A zygote serving ranks whose environment is `env` (its import-time part), until the
-    block ends; yields the socket to set as MURALIST_TEST_ZYGOTE. `warm`: import the rank's
+    block ends; yields the socket to set as MURALIST_ZYGOTE. `warm`: import the rank's
     libraries and `modules` first; a cold one imports nothing (for its own tests)."""
     folder = tempfile.mkdtemp(prefix="muralist-zygote-")  # short: a socket path has ~100 bytes
     path = os.path.join(folder, "socket")

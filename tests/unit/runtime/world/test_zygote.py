@@ -1,4 +1,4 @@
-"""The test zygote (muralist_runtime/testing/zygote.py): a rank forked from it ends as it would
+"""The zygote (muralist_runtime/world/zygote.py): a rank forked from it ends as it would
 have ended alone (exit code, signal), signals reach it, it dies with the process torchrun
 watches, and a rank whose import-time environment differs starts the ordinary way."""
 
@@ -12,14 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from muralist_runtime.testing import zygote
+from muralist_runtime.world import zygote
 
 from tests.kube_helpers import wait_for
 from tests.paths import REPO
 
-TARGET = "tests.unit.runtime.testing.zygote_target"
+TARGET = "tests.unit.runtime.world.zygote_target"
 # The rank's side: delegate to the zygote; the ordinary way prints "ordinary" and exits 3.
-STUB = ("import sys; from muralist_runtime.testing.zygote import delegate; "
+STUB = ("import sys; from muralist_runtime.world.zygote import delegate; "
         f"delegate({TARGET!r}); print('ordinary', flush=True); sys.exit(3)")
 
 
@@ -90,3 +90,29 @@ def test_import_time_variables_are_compared_and_torchruns_own_are_not() -> None:
                                               "TORCHINDUCTOR_CACHE_DIR": "/t"}) == []
     assert zygote.import_time_mismatch(base, {**base, "HF_HOME": "/b", "PYTHONHASHSEED": "0"}) == [
         "HF_HOME", "PYTHONHASHSEED"]
+
+
+def test_off_starts_the_ordinary_way(served: dict[str, str]) -> None:
+    proc = rank({**served, zygote.ZYGOTE_ENV: zygote.OFF}, "exit", "0")
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out.strip()) == (3, "ordinary"), err
+
+
+def test_a_rank_that_comes_while_the_zygote_imports_waits_and_is_served(tmp_path: Path) -> None:
+    """The pod's zygote listens before it imports: a rank that connects meanwhile waits in the backlog."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    path, importing = str(tmp_path / "s"), tmp_path / "importing"
+    code = ("import pathlib, sys, time; from muralist_runtime.world import zygote; "
+            "zygote.preload = lambda modules: (pathlib.Path(sys.argv[2]).touch(), time.sleep(2)); "
+            "zygote.serve(sys.argv[1])")
+    server = subprocess.Popen([sys.executable, "-c", code, path, str(importing)], cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL)
+    try:
+        wait_for(importing.exists, timeout=20, interval=0.02, message="the zygote's imports to start")
+        assert os.path.exists(path), "listening already"
+        proc = rank({**env, zygote.ZYGOTE_ENV: path}, "exit", "5")
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 5 and "ordinary" not in out, err
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -1,0 +1,52 @@
+"""The launch entry point's warm start (launch.warm_start): a CPU pod's ranks fork from a zygote it starts first;
+a GPU pod's, or a pod given a zygote (the test session's) or MURALIST_ZYGOTE=off, start as they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from muralist_api.runtime_spec import RuntimeSpec
+from muralist_runtime import launch
+from muralist_runtime.world import zygote
+
+from tests.builders import make_job
+
+
+def spec_file(tmp_path: Path, gpus: int, processes: int) -> str:
+    job = make_job().world(nodes=1, gpus=gpus, processes=processes).job()
+    path = tmp_path / "spec.json"
+    path.write_text(RuntimeSpec(name="j", spec=job.spec, output_dir="/out").model_dump_json(by_alias=True))
+    return str(path)
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, str]]:
+    envs: list[dict[str, str]] = []
+
+    def start(env: dict[str, str]) -> tuple[Any, str]:
+        envs.append(env)
+        return None, "/tmp/socket"
+
+    monkeypatch.setattr(zygote, "start", start)
+    return envs
+
+
+def test_a_cpu_pod_starts_its_zygote_in_the_environment_its_ranks_will_have(tmp_path: Path,
+                                                                           started: list[dict[str, str]]) -> None:
+    warm = launch.warm_start(spec_file(tmp_path, 0, 2), {"HOME": "/root"})
+    assert warm is not None and warm[1] == "/tmp/socket"
+    assert started[0]["OMP_NUM_THREADS"] == "1", "torchrun sets it for several workers: the ranks' imports see it"
+    assert started[0]["TRANSFORMERS_VERBOSITY"] == "error", "as the ranks set it before importing"
+    assert warm[2] == {**started[0], zygote.ZYGOTE_ENV: "/tmp/socket"}, "the agent's: the ranks get the zygote's"
+    launch.warm_start(spec_file(tmp_path, 0, 1), {"OMP_NUM_THREADS": "2", "DIFFUSERS_VERBOSITY": "info"})
+    assert (started[1]["OMP_NUM_THREADS"], started[1]["DIFFUSERS_VERBOSITY"]) == ("2", "info"), "the pod's own win"
+
+
+@pytest.mark.parametrize(("gpus", "env"), [(1, {}), (0, {zygote.ZYGOTE_ENV: "/the/sessions"}),
+                                           (0, {zygote.ZYGOTE_ENV: zygote.OFF})],
+                         ids=["gpu-pod", "zygote-given", "off"])
+def test_no_zygote_of_its_own(tmp_path: Path, started: list[dict[str, str]], gpus: int, env: dict[str, str]) -> None:
+    assert launch.warm_start(spec_file(tmp_path, gpus, 1), env) is None
+    assert not started
