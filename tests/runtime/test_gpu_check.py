@@ -98,7 +98,8 @@ def test_dry_run_lists_every_check_and_passes(tmp_path: Path) -> None:
     saved = [json.loads(line) for line in (out / "gpu-check.jsonl").read_text().splitlines()]
     assert [(r["path"], r["verdict"]) for r in saved] == [(r["path"], r["verdict"]) for r in rows]
     assert {p.name for p in out.glob("muralist-run-*.log")} == {"muralist-run-DataParallel.log",
-                                                                "muralist-run-DeviceMap.log"}
+                                                                "muralist-run-DeviceMap.log",
+                                                                "muralist-run-per-item.log"}
 
 
 def test_a_failing_or_overlong_check_is_a_fail_row_and_the_others_still_run(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ tensor-parallel plan comes from the rules catalog, else from diffusers' class it
 be imported.
 
 `muralist plan` and `muralist run` (planning strategy Auto) read sizes here, a local folder's or a
-hub repo's; the pods (confirming a plan, the job file's memory estimate) read a local folder's only. Importing this module loads neither torch nor the hub
-client.
+hub repo's; the pods (confirming a plan, the job file's memory estimate) read a local folder's only.
+Importing this module loads neither torch nor the hub client.
 """
 
 from __future__ import annotations
