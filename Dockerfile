@@ -45,9 +45,10 @@ CMD ["operator"]
 
 # ---------------------------------------------------------------------------------------------
 FROM ${RUNTIME_BASE} AS runtime
+# --compiler: g++ and Python's headers, for generation.compile (torch.compile builds kernels in the pod).
 RUN --mount=type=bind,source=hack/image-base.sh,target=/tmp/image-base.sh \
     --mount=type=secret,id=extra_ca \
-    sh /tmp/image-base.sh
+    sh /tmp/image-base.sh --compiler
 ENV PATH=/opt/venv/bin:$PATH \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \

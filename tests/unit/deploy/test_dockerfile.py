@@ -111,6 +111,13 @@ def test_runtime_has_torchrun_and_a_writable_model_cache() -> None:
     assert 'chown 1000:1000 "$HF_HOME"' in installs
 
 
+def test_only_the_runtime_has_a_compiler_for_torch_compile() -> None:
+    # generation.compile builds kernels in the pod (inductor's C++ on a CPU, Triton's launcher on a GPU):
+    # tests/e2e/test_runtime_image.py compiles in the built image.
+    assert "image-base.sh --compiler" in " ".join(STAGES["runtime"].all("RUN"))
+    assert "--compiler" not in " ".join(STAGES["operator"].all("RUN"))
+
+
 @pytest.mark.parametrize("target", ["operator", "runtime"])
 def test_extra_ca_is_optional_and_used_by_pip(target: str) -> None:
     stage = STAGES[target]
