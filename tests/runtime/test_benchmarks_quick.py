@@ -112,3 +112,22 @@ def test_operator_scale_quick(runtime_env: dict[str, str]) -> None:
     rows = table_rows(run_quick("operator_scale.py", runtime_env))
     assert list(rows) == ["3"]
     assert_numbers(rows, 11)
+
+
+def test_peers_quick(runtime_env: dict[str, str]) -> None:
+    peers = benchmark("peers")
+    rows = table_rows(run_quick("peers.py", runtime_env))
+    assert list(rows) == list(peers.QUICK_VARIANTS)
+    for label, cells in rows.items():
+        assert len(cells) == 7 and all(NUMBER.search(c) for c in cells[1:4]), (label, cells)
+    assert rows["bare"][6] == "the reference"
+    assert rows["muralist"][6] == "identical", "uncompiled, muralist run renders the bare processes' pixels"
+
+
+def test_checkpoints_quick(runtime_env: dict[str, str], tiny_wan: Path) -> None:
+    out = run_quick("checkpoints.py", runtime_env)
+    rows = table_rows(out)
+    assert [label.split(" (")[0] for label in rows] == ["plain", "straight", "preempted 3 times"], out[-2000:]
+    assert_numbers(rows, 3)
+    assert re.search(r"one step [\d.]+ ms; one checkpoint written [\d.]+ ms", out), out[-2000:]
+    assert "every item identical" in out
