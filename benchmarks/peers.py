@@ -22,6 +22,8 @@ thread (OMP_NUM_THREADS=1; torchrun sets the same):
   (the model cache, HF_HOME, is a fresh folder), then with the cache the cold run wrote; each run's
   inductor folder (TORCHINDUCTOR_CACHE_DIR) is fresh, as a new pod's is, so only Muralist's compile cache
   can make a run warm;
+- muralist-no-zygote (only when named): `muralist run` whose ranks start the ordinary way, importing torch and
+  diffusers after the launcher's rendezvous, not forked from the zygote a CPU pod starts (MURALIST_ZYGOTE=off);
 - muralist-bs4, compile-cold-bs4, compile-warm-bs4: the same three with `generation.batchSize: 4` (four prompts
   per call; a batch size is a size of its own in the compile cache, so compile-cold-bs4 finds no entry for it).
 
@@ -59,7 +61,8 @@ PROCESSES = 2
 RAY_VERSION = "2.60.0"  # what --make-ray-venv installs
 RAY_VENV = Path(os.environ.get("MURALIST_CACHE", Path.home() / ".cache/muralist")) / "peers-ray-venv"
 VARIANTS = ("bare", "recipe", "ray", "muralist", "compile-cold", "compile-warm", "muralist-bs4", "compile-cold-bs4",
-            "compile-warm-bs4")
+            "compile-warm-bs4", "muralist-no-zygote")
+DEFAULT_VARIANTS = VARIANTS[:-1]
 QUICK_VARIANTS = ("bare", "muralist")
 
 
@@ -251,13 +254,15 @@ def manifest(prompts: Path, compile_: bool, batch_size: int) -> dict[str, Any]:
     }
 
 
-def run_muralist(prompts: Path, out: Path, work: Path, hf_home: Path, compile_: bool, batch_size: int) -> float:
+def run_muralist(prompts: Path, out: Path, work: Path, hf_home: Path, compile_: bool, batch_size: int,
+                 zygote: bool = True) -> float:
     import yaml
 
     job = work / f"{out.name}.yaml"
     job.write_text(yaml.safe_dump(manifest(prompts, compile_, batch_size), sort_keys=False))
     inductor = Path(tempfile.mkdtemp(prefix="inductor-", dir=work))  # a new pod's: empty
-    env = bench_env(HF_HOME=str(hf_home), TORCHINDUCTOR_CACHE_DIR=str(inductor))
+    env = bench_env(HF_HOME=str(hf_home), TORCHINDUCTOR_CACHE_DIR=str(inductor),
+                    **({} if zygote else {"MURALIST_ZYGOTE": "off"}))
     wall = run([str(VENV_BIN / "muralist"), "run", str(job), "--output", str(out)], env)
     shutil.rmtree(inductor, ignore_errors=True)
     return wall
@@ -333,7 +338,7 @@ def main() -> int:
         worker.add_argument("--world", type=int, default=PROCESSES)
     parser.add_argument("--items", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
     parser.add_argument("--ray-python", default=str(RAY_VENV / "bin" / "python"),
                         help="a Python with ray[data] and this venv's packages (default: --make-ray-venv's)")
     parser.add_argument("--make-ray-venv", action="store_true", help=f"make {RAY_VENV} (ray[data]=={RAY_VERSION})")
@@ -380,7 +385,8 @@ def bench(args: argparse.Namespace) -> int:
                     compile_ = v.name.startswith("compile")
                     if v.name == "compile-cold":
                         shutil.rmtree(hf_home, ignore_errors=True)
-                    wall = run_muralist(prompts, out, work, hf_home, compile_, 4 if v.name.endswith("bs4") else 1)
+                    wall = run_muralist(prompts, out, work, hf_home, compile_, 4 if v.name.endswith("bs4") else 1,
+                                        zygote=v.name != "muralist-no-zygote")
                 v.walls.append(wall)
                 print(f"round {rnd + 1} {v.name:18s} {wall:7.2f}s  {args.items / wall:6.2f} items/s  "
                       f"load {load_average()}", flush=True)
