@@ -33,20 +33,26 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract.env import PodEnv
-from muralist_api.runtime_spec import read_runtime_spec
+from muralist_api.runtime_spec import RuntimeSpec, read_runtime_spec
 
 from .report.termination import permanent_verdict_line, termination_text
 from .world import drain, zygote
 
 
-def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The launcher argv and the PET_* environment of this pod's agent."""
-    # Fields of a newer operator that this image does not know are left to the ranks, which refuse
-    # them by name (exit 78): the launch only needs the world's shape.
-    runtime = read_runtime_spec(Path(spec_file).read_text(), refuse_unknown=False)
+def read_launch_spec(spec_file: str) -> RuntimeSpec:
+    """The runtime spec as the launch reads it: fields of a newer operator that this image does not know are left
+    to the ranks, which refuse them by name (exit 78); the launch only needs the world's shape."""
+    return read_runtime_spec(Path(spec_file).read_text(), refuse_unknown=False)
+
+
+def agent_command(spec_file: str, env: dict[str, str],
+                  runtime: RuntimeSpec | None = None) -> tuple[list[str], dict[str, str]]:
+    """The launcher argv and the PET_* environment of this pod's agent (`runtime`: the spec file's, read already)."""
+    runtime = runtime or read_launch_spec(spec_file)
     par = runtime.spec.parallelism
     pod = PodEnv.from_environ(env)
     world, rdzv = contract.pod_world(runtime.name, pod.pod_index, par.resolved_processes_per_node, par.gpus_per_node,
@@ -66,14 +72,14 @@ def agent_command(spec_file: str, env: dict[str, str]) -> tuple[list[str], dict[
 QUIET_LIBRARIES = {"TRANSFORMERS_VERBOSITY": "error", "DIFFUSERS_VERBOSITY": "error"}
 
 
-def warm_start(spec_file: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, dict[str, str]] | None:
+def warm_start(runtime: RuntimeSpec, env: dict[str, str]) -> tuple[subprocess.Popen[Any], str, dict[str, str]] | None:
     """A zygote for this pod's ranks (world/zygote.py), started before the agent: on a CPU pod, unless one is
     given already (the test session's) or MURALIST_ZYGOTE=off. Returns it, its socket and the agent's environment,
     which is the zygote's: what the ranks will have (torchrun sets OMP_NUM_THREADS=1 for several workers when it
     is not set; the ranks quiet the libraries before importing them)."""
     if env.get(zygote.ZYGOTE_ENV):
         return None
-    par = read_runtime_spec(Path(spec_file).read_text(), refuse_unknown=False).spec.parallelism
+    par = runtime.spec.parallelism
     if par.gpus_per_node > 0:
         return None
     ranks = {**QUIET_LIBRARIES, **env}
@@ -87,12 +93,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="muralist_runtime.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="RuntimeSpec JSON file.")
     args = parser.parse_args(argv)
-    command, pet = agent_command(args.spec, dict(os.environ))
+    runtime = read_launch_spec(args.spec)
+    command, pet = agent_command(args.spec, dict(os.environ), runtime)
     drain_file = PodEnv.from_environ().drain_file or os.path.join(
         tempfile.gettempdir(), f"muralist-drain-{os.getpid()}")
     Path(drain_file).unlink(missing_ok=True)
     env = {**os.environ, **pet, contract.MURALIST_LAUNCHED: "1", contract.MURALIST_DRAIN_FILE: drain_file}
-    warm = warm_start(args.spec, env)
+    warm = warm_start(runtime, env)
     try:
         return _launch(command, warm[2] if warm is not None else env, drain_file)
     finally:

@@ -270,18 +270,22 @@ def serve(path: str, warm: bool = True, modules: list[str] | None = None) -> Non
         _send(conn, {"pid": pid})
 
 
-def start(env: dict[str, str], modules: tuple[str, ...] = ("muralist_runtime.main",)) -> tuple[
-        subprocess.Popen[bytes], str]:
-    """A zygote for the ranks of this pod, whose environment will be `env` (its import-time part); returns the
-    process and the socket to set as MURALIST_ZYGOTE. It does not wait: the ranks do, when they connect."""
+def _spawn(env: dict[str, str], args: list[str], stdout: int) -> tuple[subprocess.Popen[Any], str]:
     folder = tempfile.mkdtemp(prefix="muralist-zygote-")  # short: a socket path has ~100 bytes
     path = os.path.join(folder, "socket")
-    proc = subprocess.Popen([sys.executable, "-m", __name__, path, *modules], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", __name__, path, *args], stdout=stdout, text=True,
                             env={k: v for k, v in env.items() if k != ZYGOTE_ENV})
     return proc, path
 
 
-def stop(proc: subprocess.Popen[bytes], path: str) -> None:
+def start(env: dict[str, str], modules: tuple[str, ...] = ("muralist_runtime.main",)) -> tuple[
+        subprocess.Popen[Any], str]:
+    """A zygote for the ranks of this pod, whose environment will be `env` (its import-time part); returns the
+    process and the socket to set as MURALIST_ZYGOTE. It does not wait: the ranks do, when they connect."""
+    return _spawn(env, list(modules), subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen[Any], path: str) -> None:
     """End a zygote `start` began (its children, the ranks, are torchrun's to end) and remove its socket."""
     if proc.poll() is None:
         proc.terminate()
@@ -299,11 +303,7 @@ def started(env: dict[str, str], warm: bool = True, modules: tuple[str, ...] = (
     """A zygote serving ranks whose environment is `env` (its import-time part), until the
     block ends; yields the socket to set as MURALIST_ZYGOTE. `warm`: import the rank's
     libraries and `modules` first; a cold one imports nothing (for its own tests)."""
-    folder = tempfile.mkdtemp(prefix="muralist-zygote-")  # short: a socket path has ~100 bytes
-    path = os.path.join(folder, "socket")
-    argv = [sys.executable, "-m", __name__, path, *(modules if warm else ["--cold"])]
-    proc = subprocess.Popen(argv, env={k: v for k, v in env.items() if k != ZYGOTE_ENV}, stdout=subprocess.PIPE,
-                            text=True)
+    proc, path = _spawn(env, list(modules) if warm else ["--cold"], subprocess.PIPE)
     try:
         assert proc.stdout is not None
         ready = select.select([proc.stdout], [], [], timeout)[0]
@@ -312,9 +312,7 @@ def started(env: dict[str, str], warm: bool = True, modules: tuple[str, ...] = (
             raise RuntimeError(f"the zygote did not start within {timeout:g} s (exit {proc.poll()})")
         yield path
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        shutil.rmtree(folder, ignore_errors=True)
+        stop(proc, path)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ a GPU pod's, or a pod given a zygote (the test session's) or MURALIST_ZYGOTE=off
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +13,9 @@ from muralist_runtime.world import zygote
 from tests.builders import make_job
 
 
-def spec_file(tmp_path: Path, gpus: int, processes: int) -> str:
+def runtime_spec(gpus: int, processes: int) -> RuntimeSpec:
     job = make_job().world(nodes=1, gpus=gpus, processes=processes).job()
-    path = tmp_path / "spec.json"
-    path.write_text(RuntimeSpec(name="j", spec=job.spec, output_dir="/out").model_dump_json(by_alias=True))
-    return str(path)
+    return RuntimeSpec(name="j", spec=job.spec, output_dir="/out")
 
 
 @pytest.fixture
@@ -33,20 +30,19 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, str]]:
     return envs
 
 
-def test_a_cpu_pod_starts_its_zygote_in_the_environment_its_ranks_will_have(tmp_path: Path,
-                                                                           started: list[dict[str, str]]) -> None:
-    warm = launch.warm_start(spec_file(tmp_path, 0, 2), {"HOME": "/root"})
+def test_a_cpu_pod_starts_its_zygote_in_the_environment_its_ranks_will_have(started: list[dict[str, str]]) -> None:
+    warm = launch.warm_start(runtime_spec(0, 2), {"HOME": "/root"})
     assert warm is not None and warm[1] == "/tmp/socket"
     assert started[0]["OMP_NUM_THREADS"] == "1", "torchrun sets it for several workers: the ranks' imports see it"
     assert started[0]["TRANSFORMERS_VERBOSITY"] == "error", "as the ranks set it before importing"
     assert warm[2] == {**started[0], zygote.ZYGOTE_ENV: "/tmp/socket"}, "the agent's: the ranks get the zygote's"
-    launch.warm_start(spec_file(tmp_path, 0, 1), {"OMP_NUM_THREADS": "2", "DIFFUSERS_VERBOSITY": "info"})
+    launch.warm_start(runtime_spec(0, 1), {"OMP_NUM_THREADS": "2", "DIFFUSERS_VERBOSITY": "info"})
     assert (started[1]["OMP_NUM_THREADS"], started[1]["DIFFUSERS_VERBOSITY"]) == ("2", "info"), "the pod's own win"
 
 
 @pytest.mark.parametrize(("gpus", "env"), [(1, {}), (0, {zygote.ZYGOTE_ENV: "/the/sessions"}),
                                            (0, {zygote.ZYGOTE_ENV: zygote.OFF})],
                          ids=["gpu-pod", "zygote-given", "off"])
-def test_no_zygote_of_its_own(tmp_path: Path, started: list[dict[str, str]], gpus: int, env: dict[str, str]) -> None:
-    assert launch.warm_start(spec_file(tmp_path, gpus, 1), env) is None
+def test_no_zygote_of_its_own(started: list[dict[str, str]], gpus: int, env: dict[str, str]) -> None:
+    assert launch.warm_start(runtime_spec(gpus, 1), env) is None
     assert not started
