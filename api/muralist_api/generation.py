@@ -36,9 +36,10 @@ class Generation(ApiModel):
     )
     compile: bool = Field(
         False,
-        description="torch.compile the transformer's repeated blocks (regional compile) and "
-        "warm up once before timing; GPU only (ignored with a log line on CPU). Pays minutes of "
-        "compile time at start for faster steps; worth it for long jobs at one resolution.",
+        description="torch.compile the transformer (its repeated blocks on a large model, whole and "
+        "precompiled on a small one, with an image VAE's decoder), on a GPU or a CPU; one graph per "
+        "size, compiled at its first call and kept in the compile cache beside the model cache, so "
+        "that restarted, resized and added pods load it instead of compiling.",
     )
     num_frames: int | None = Field(
         None, ge=1, le=1025,

@@ -18,6 +18,7 @@ manifest, every problem named by its field, is rules/problems.py's.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Annotated, ClassVar, Literal
 
@@ -44,7 +45,7 @@ from muralist_api.rules import catalog, workloads
 from muralist_api.rules.catalog import DNS_LABEL_MAX, Problem
 from muralist_api.status import DiffusionJobStatus
 from muralist_api.step_cache import cache_problems
-from muralist_api.storage import location_problems
+from muralist_api.storage import StoredAt, location_problems
 
 __all__ = [
     "API_VERSION",
@@ -140,8 +141,7 @@ def source_problems(spec: DiffusionJobSpec) -> list[Problem]:
 def credentials_problems(spec: DiffusionJobSpec) -> list[Problem]:
     """One credentials Secret for the whole job (each section's own rules: storage.location_problems)."""
     out: list[Problem] = []
-    secrets = {section.section: section.credentials_secret for section in (spec.dataset, spec.inputs, spec.output)
-               if section is not None and section.uri is not None and section.credentials_secret is not None}
+    secrets = {s.section: s.credentials_secret for s in spec.object_storage() if s.credentials_secret is not None}
     for name, secret in list(secrets.items())[1:]:
         first, first_secret = next(iter(secrets.items()))
         if secret != first_secret:
@@ -298,7 +298,7 @@ class DiffusionJobSpec(ApiModel):
             f"spec.{b}.credentialsSecret: the job's pods have one set of storage credentials (a Secret's keys "
             f"become their environment); use the same Secret as spec.{a}.credentialsSecret",
             mirrors=credentials_problems,
-        ) for a, b in (("dataset", "inputs"), ("dataset", "output"), ("inputs", "output"))),
+        ) for a, b in itertools.combinations(("dataset", "inputs", "output", "model.compileCache"), 2)),
         CelRule(
             "!has(self.runPolicy) || !has(self.runPolicy.workloadSlices) || !self.runPolicy.workloadSlices || "
             "has(self.runPolicy.queueName)",
@@ -391,6 +391,10 @@ class DiffusionJobSpec(ApiModel):
             if isinstance(p, str) and not p.strip():
                 raise ValueError(f"prompts[{i}] is empty; remove it or write a prompt")
         return prompts
+
+    def object_storage(self) -> list[StoredAt]:
+        """The sections that name object storage (a uri): the job's pods get their one credentials Secret."""
+        return [s for s in (self.dataset, self.inputs, self.output, self.model.compile_cache) if s and s.uri]
 
     @property
     def prompt_objects(self) -> list[PromptSpec]:

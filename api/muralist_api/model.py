@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from muralist_api.base import ApiModel, KubeObject
 from muralist_api.options import Adapter
+from muralist_api.storage import URI_PATTERN, StoredAt
 
 
 class SecretKeyRef(ApiModel):
@@ -27,6 +28,19 @@ class ModelLoading(ApiModel):
         False,
         description="Read safetensors files whole instead of memory-mapping them (diffusers "
         "disable_mmap); faster on network filesystems where mmap page faults are slow.",
+    )
+
+
+class CompileCache(StoredAt):
+    """generation.compile's compile cache in object storage instead of on the model cache's volume."""
+
+    section: ClassVar[str] = "spec.model.compileCache"
+
+    uri: str = Field(  # required here, where the other sections may take a volume instead
+        max_length=2048, pattern=URI_PATTERN,
+        description="Where generation.compile keeps what it compiled (s3://bucket/prefix, gs://, az://, or any "
+        "fsspec protocol): one object per model, size and setting, written once by the first rank that "
+        "compiled it and loaded by every later pod and job that names the same prefix.",
     )
 
 
@@ -59,6 +73,12 @@ class ModelSpec(ApiModel):
     )
     loading: ModelLoading | None = Field(
         None, description="How the weights are read at start (node-local staging, mmap)."
+    )
+    compile_cache: CompileCache | None = Field(
+        None,
+        description="Where generation.compile's compile cache lives when not on the model cache's volume "
+        "(HF_HOME/muralist/compile-cache, spec.model.cache): a bucket's prefix, with its endpoint and "
+        "credentials Secret.",
     )
     adapters: list[Adapter] = Field(
         default_factory=list, max_length=16,

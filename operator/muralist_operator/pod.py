@@ -109,8 +109,7 @@ def _env(job: DiffusionJob, namespace: str, settings: OperatorSettings) -> list[
 def _credentials_secrets(job: DiffusionJob) -> list[str]:
     """The Secret the job's URIs name (one per job, a CEL rule says so); none: the pods' own
     identity (IRSA, workload identity)."""
-    return sorted({s.credentials_secret for s in (job.spec.dataset, job.spec.inputs, job.spec.output)
-                   if s is not None and s.uri is not None and s.credentials_secret is not None})
+    return sorted({s.credentials_secret for s in job.spec.object_storage() if s.credentials_secret is not None})
 
 
 def _env_from(job: DiffusionJob) -> list[dict[str, Any]]:

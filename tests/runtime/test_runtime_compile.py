@@ -1,10 +1,12 @@
-"""generation.compile on a CPU under real torchrun: the job renders compiled, within the determinism tolerance
-of the uncompiled images, writes its compile cache entry; a second run (a new pod: an empty inductor folder)
-loads it and compiles nothing, counted in the job file."""
+"""generation.compile on a CPU under real torchrun: the job renders compiled (the tiny Flux's transformer and its
+VAE's decoder precompiled), within the determinism tolerance of the uncompiled images, writes its compile cache
+entry; a second run (a new pod: an empty inductor folder) loads the precompiled functions and compiles nothing,
+counted in the job file."""
 
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -38,8 +40,12 @@ def test_compile_on_cpu_renders_then_a_new_pod_loads_the_cache_and_compiles_noth
     cold = compiled_run(tmp_path, "cold", runtime_env, cache)
     first = compile_record(cold)["byRank"]["0"]
     assert (first["scope"], first["cacheHit"]) == ("whole", False), "the tiny Flux's 2 blocks: whole"
-    assert first["graphsCompiled"] >= 1 and first["kernelsBuilt"] >= 1, first
-    assert len(list(cache.glob("*.tar"))) == 1, "one entry, written by the rank that compiled"
+    assert first["precompiled"] == ["decoder", "transformer"], first
+    assert first["graphsCompiled"] == 2 and first["kernelsBuilt"] >= 1, "a graph each, at one signature each"
+    [entry] = cache.glob("*.tar")  # one entry, written by the rank that compiled
+    with tarfile.open(entry) as tar:
+        functions = sorted(name.split("-")[0] for name in tar.getnames() if name.startswith("functions/"))
+    assert functions == ["functions/decoder", "functions/transformer"], functions
 
     # Compiled output against the uncompiled images of the same job: within the canary's tolerance.
     assert set(cold.images()) == set(reference.images())
@@ -51,6 +57,6 @@ def test_compile_on_cpu_renders_then_a_new_pod_loads_the_cache_and_compiles_noth
     warm = compiled_run(tmp_path, "warm", runtime_env, cache)
     again = compile_record(warm)
     assert again["cacheHits"] == again["ranks"] == 1
-    assert {k: again["byRank"]["0"][k] for k in ("cacheHit", "graphsCompiled", "kernelsBuilt")} == {
-        "cacheHit": True, "graphsCompiled": 0, "kernelsBuilt": 0}, "loaded: nothing compiled, no kernel built"
+    assert {k: again["byRank"]["0"][k] for k in ("cacheHit", "graphsCompiled", "kernelsBuilt", "functionsLoaded")} == {
+        "cacheHit": True, "graphsCompiled": 0, "kernelsBuilt": 0, "functionsLoaded": 2}, "loaded, nothing compiled"
     assert warm.images() == cold.images(), "the cached kernels render the same bytes"

@@ -1,21 +1,25 @@
 """The compile cache: what torch.compile made for one size of one model, kept with the model cache, so that a
 pod that starts again (restarted, resized, added) loads it instead of compiling again.
 
-An entry is one file, `<HF_HOME>/muralist/compile-cache/<key>.tar` (HF_HOME is the model.cache volume in a
-pod, so every pod of every job that mounts it shares the entries): torch's portable artifacts
-(`torch.compiler.save_cache_artifacts`: inductor's FX graphs and AOTAutograd's, with a GPU's Triton kernels
-bundled in) as `artifacts.bin`, the kernel binaries inductor built meanwhile that those artifacts do not carry
-(the C++ kernels of a CPU: without them a warm start spends ~20 s in gcc again) under `kernels/`, and the key
-spelled out (`key.json`). The key (`entry_key`) is a digest of everything that invalidates what was compiled:
-torch, diffusers and Python versions, the model (source, revision, the transformer's architecture), dtype,
-the call's size and batch, the device kind (a GPU's name and capability; a CPU's vector ISA, which inductor
-compiles for), the compile options, and what changes the transformer's code (adapters, the step cache, the
-parallel layout). Weights are not in it: a compiled graph takes them as inputs.
+An entry is one file, `<HF_HOME>/muralist/compile-cache/<key>.tar` (HF_HOME is the model.cache volume in a pod, so
+every pod of every job that mounts it shares the entries), or `<key>.tar` under spec.model.compileCache's bucket
+prefix (shared by every job that names it): the precompiled functions of a transformer compiled whole
+(precompiled.py) as `functions/<signature>.bin`, or, for one compiled by regions or inside a parallel group,
+torch's portable artifacts (`torch.compiler.save_cache_artifacts`: inductor's FX graphs and AOTAutograd's, with a
+GPU's Triton kernels bundled in) as `artifacts.bin`; the kernel binaries inductor built meanwhile that neither
+carries (the C++ kernels of a CPU: without them a warm start spends ~20 s in gcc again) under `kernels/`; and the
+key spelled out (`key.json`). The key (`entry_key`) is a digest of everything that invalidates what was compiled:
+torch, diffusers and Python versions, the model (source, revision, the transformer's architecture), dtype, the
+call's size and batch, the device kind (a GPU's name and capability; a CPU's vector ISA, which inductor compiles
+for), the compile options, and what changes the transformer's code (adapters, the step cache, the parallel layout).
+Weights are not in it: a compiled graph takes them as inputs.
 
-Written once, whole, by the first rank that compiled: to a temp name, then published with a hard link that
-fails when the entry exists (`publish`), so a reader never sees half of one and a second writer leaves the
-first's in place. A key that collides by mistake costs nothing wrong: inductor keys its own graphs and
-compiles whatever the loaded artifacts do not match.
+Written once, whole, by the first rank that compiled: on a volume to a temp name, then published with a hard
+link that fails when the entry exists (`publish`), so a reader never sees half of one and a second writer leaves
+the first's in place; in a bucket by one PUT, which is whole (two ranks that compiled the same size at once may
+both put theirs: either is the same entry). A key that collides by mistake costs nothing wrong: inductor keys its
+own graphs and compiles whatever the loaded artifacts do not match, and a precompiled function serves only the
+call signature it was made for.
 """
 
 from __future__ import annotations
@@ -28,29 +32,45 @@ import os
 import platform
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from muralist_api.contract.env import PodEnv
+from muralist_api.model import CompileCache
+from muralist_api.storage import is_uri, join_uri, open_location
 
 log = logging.getLogger("muralist.compile")
 
-ENTRY_FORMAT = 1  # bump when an entry's layout changes
+ENTRY_FORMAT = 2  # bump when an entry's layout changes
 ARTIFACTS = "artifacts.bin"
+FUNCTIONS = "functions/"
 KERNELS = "kernels/"
 KEY_FILE = "key.json"
 # Inductor's own folders that the portable artifacts restore (or that hold only locks): never in an entry.
 NOT_KERNELS = ("fxgraph", "aotautograd", "locks", "triton")
 
 
-def cache_dir(env: dict[str, str] | None = None) -> Path:
-    """Where entries live: MURALIST_COMPILE_CACHE, else under HF_HOME (the model.cache volume in a pod), else
-    under the hub's default HF_HOME."""
+@dataclass(frozen=True)
+class Location:
+    """Where entries live: a folder, or a URI (object storage) with its endpoint."""
+
+    where: str
+    endpoint: str | None = None
+
+    def join(self, name: str) -> str:
+        return join_uri(self.where, name) if is_uri(self.where) else os.path.join(self.where, name)
+
+
+def cache_location(in_storage: CompileCache | None = None, env: dict[str, str] | None = None) -> Location:
+    """spec.model.compileCache (a bucket's prefix) when set; else MURALIST_COMPILE_CACHE, else under HF_HOME (the
+    model.cache volume in a pod), else under the hub's default HF_HOME."""
+    if in_storage is not None:
+        return Location(in_storage.uri, in_storage.endpoint)
     pod = PodEnv.from_environ(env)
     if pod.compile_cache_dir:
-        return Path(pod.compile_cache_dir)
-    return Path(pod.hf_home or os.path.expanduser("~/.cache/huggingface")) / "muralist" / "compile-cache"
+        return Location(pod.compile_cache_dir)
+    return Location(str(Path(pod.hf_home or os.path.expanduser("~/.cache/huggingface")) / "muralist" / "compile-cache"))
 
 
 def device_kind(gpu: bool) -> dict[str, Any]:
@@ -128,35 +148,50 @@ class Entry:
 
     key: str
     parts: dict[str, Any]
-    path: Path
+    location: Location
 
     @classmethod
-    def at(cls, directory: Path, parts: dict[str, Any]) -> Entry:
-        key = entry_key(parts)
-        return cls(key, parts, directory / f"{key}.tar")
+    def at(cls, location: Location, parts: dict[str, Any]) -> Entry:
+        return cls(entry_key(parts), parts, location)
+
+    @property
+    def path(self) -> str:
+        return self.location.join(f"{self.key}.tar")
 
 
-def load(entry: Entry, kernels_into: Path) -> bool:
-    """Load an entry, if there is one: its kernels into inductor's folder, its artifacts into torch's caches.
-    False when there is none, or it cannot be read (then the size compiles, as without a cache)."""
+@dataclass
+class Loaded:
+    """What an entry gave: the precompiled functions it holds, by signature (empty for an artifacts entry)."""
+
+    functions: dict[str, bytes] = field(default_factory=dict)
+
+
+def load(entry: Entry, kernels_into: Path) -> Loaded | None:
+    """Load an entry, if there is one: its kernels into inductor's folder, its artifacts into torch's caches, its
+    functions returned. None when there is none, or it cannot be read (then the size compiles, as without a
+    cache)."""
     import torch
 
+    loaded = Loaded()
     try:
-        with tarfile.open(entry.path) as tar:
+        data = read_entry(entry)
+        if data is None:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             artifacts = b""
             for member in tar.getmembers():
                 if member.name == ARTIFACTS:
                     artifacts = _read(tar, member)
+                elif member.name.startswith(FUNCTIONS) and member.name.endswith(".bin"):
+                    loaded.functions[member.name[len(FUNCTIONS):-len(".bin")]] = _read(tar, member)
                 elif member.name.startswith(KERNELS) and member.isfile():
                     _restore(tar, member, kernels_into)
-    except FileNotFoundError:
-        return False
     except (OSError, tarfile.TarError, ValueError) as e:
         log.warning("compile cache: cannot read %s (%s); compiling", entry.path, e)
-        return False
+        return None
     if artifacts:
         torch.compiler.load_cache_artifacts(artifacts)
-    return True
+    return loaded
 
 
 def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
@@ -180,32 +215,77 @@ def _restore(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> None:
     os.replace(tmp, target)
 
 
-def save(entry: Entry, kernels_from: Path, kernels: set[str]) -> bool:
-    """Write the entry (torch's artifacts so far, `kernels` from inductor's folder) unless it exists; whether
-    this call published it."""
+def save(entry: Entry, kernels_from: Path, kernels: set[str], functions: dict[str, bytes] | None = None) -> bool:
+    """Write the entry unless it exists: `functions` (precompiled, by signature) or else torch's artifacts so
+    far, and `kernels` from inductor's folder; whether this call published it."""
     import torch
 
-    if entry.path.exists():
+    try:
+        if exists(entry):
+            return False
+    except OSError as e:
+        log.warning("compile cache: cannot reach %s (%s)", entry.path, e)
         return False
-    saved = torch.compiler.save_cache_artifacts()
-    if saved is None:
-        return False
-    artifacts, _ = saved
+    artifacts = b""
+    if not functions:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            return False
+        artifacts = saved[0]
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         _add(tar, KEY_FILE, json.dumps({"format": ENTRY_FORMAT, **entry.parts}, indent=1, sort_keys=True,
                                        default=str).encode())
-        _add(tar, ARTIFACTS, artifacts)
+        if artifacts:
+            _add(tar, ARTIFACTS, artifacts)
+        for sig, data in sorted((functions or {}).items()):
+            _add(tar, f"{FUNCTIONS}{sig}.bin", data)
         for name in sorted(kernels):
             path = kernels_from / name
             _add(tar, KERNELS + name, path.read_bytes(), path.stat().st_mode & 0o777)
-    return publish(entry.path, buffer.getvalue())
+    try:
+        return publish_entry(entry, buffer.getvalue())
+    except OSError as e:  # a full volume, a bucket that refuses: the job goes on, the next pod compiles again
+        log.warning("compile cache: cannot write %s (%s)", entry.path, e)
+        return False
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mode = len(data), mode
     tar.addfile(info, io.BytesIO(data))
+
+
+def read_entry(entry: Entry) -> bytes | None:
+    """The entry's bytes; None when there is none."""
+    try:
+        if not is_uri(entry.path):
+            return Path(entry.path).read_bytes()
+        fs, path = open_location(entry.path, entry.location.endpoint)
+        data: bytes = fs.cat_file(path)
+        return data
+    except FileNotFoundError:
+        return None
+
+
+def exists(entry: Entry) -> bool:
+    if not is_uri(entry.path):
+        return os.path.exists(entry.path)
+    fs, path = open_location(entry.path, entry.location.endpoint)
+    return bool(fs.exists(path))
+
+
+def publish_entry(entry: Entry, data: bytes) -> bool:
+    """The entry's bytes put in place, whole, unless it is there already; whether this call put them. On a
+    volume, once (`publish`); in object storage a PUT is whole, and two ranks that compiled the same size at
+    once may both put theirs: either is the same entry."""
+    if not is_uri(entry.path):
+        return publish(Path(entry.path), data)
+    fs, path = open_location(entry.path, entry.location.endpoint)
+    if fs.exists(path):
+        return False
+    fs.pipe_file(path, data)
+    return True
 
 
 def publish(path: Path, data: bytes) -> bool:

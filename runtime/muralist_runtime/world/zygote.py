@@ -25,6 +25,7 @@ that the suite pays the imports once per worker.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -203,6 +204,10 @@ def serve(path: str, warm: bool = True, modules: list[str] | None = None) -> Non
     listener.listen(64)
     if warm:
         preload(modules or [])
+        # What the imports made, out of the collector's sight: a rank's first collections would otherwise walk
+        # (and so copy, page by page) the zygote's objects; measured, a compiled job's rank loaded its
+        # pipeline in 0.45 s instead of 0.15 s.
+        gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

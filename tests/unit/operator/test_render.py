@@ -452,6 +452,19 @@ def test_object_storage_is_read_and_written_not_mounted_with_the_secret_as_env()
         "client_kwargs": {"endpoint_url": "http://minio.storage:9000"}}, "the endpoint reaches the runtime"
 
 
+def test_a_compile_cache_in_a_bucket_gets_the_jobs_secret_and_reaches_the_runtime() -> None:
+    job = (make_job("compiled").generation(compile=True)
+           .set("spec.model.compileCache", {"uri": "s3://models/compile", "credentialsSecret": "s3-keys",
+                                            "endpoint": "http://minio.storage:9000"})
+           .job())
+    children = render_children(job, "team-a", SETTINGS)
+    container = children.job["spec"]["template"]["spec"]["containers"][0]
+    assert container["envFrom"] == [{"secretRef": {"name": "s3-keys"}}], "its credentials, as any uri's"
+    runtime = RuntimeSpec.model_validate_json(children.spec_config_map["data"]["spec.json"])
+    assert runtime.spec.model.compile_cache is not None
+    assert runtime.spec.model.compile_cache.options() == {"client_kwargs": {"endpoint_url": "http://minio.storage:9000"}}
+
+
 def test_without_a_secret_the_pods_use_their_own_identity() -> None:
     job = make_job("cats").output(uri="gs://results").job()
     container = render_children(job, "team-a", SETTINGS).job["spec"]["template"]["spec"]["containers"][0]

@@ -3,6 +3,7 @@ a GPU pod's, or a pod given a zygote (the test session's) or MURALIST_ZYGOTE=off
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -13,8 +14,8 @@ from muralist_runtime.world import zygote
 from tests.builders import make_job
 
 
-def runtime_spec(gpus: int, processes: int) -> RuntimeSpec:
-    job = make_job().world(nodes=1, gpus=gpus, processes=processes).job()
+def runtime_spec(gpus: int, processes: int, compile_: bool = False) -> RuntimeSpec:
+    job = make_job().world(nodes=1, gpus=gpus, processes=processes).generation(compile=compile_).job()
     return RuntimeSpec(name="j", spec=job.spec, output_dir="/out")
 
 
@@ -22,8 +23,8 @@ def runtime_spec(gpus: int, processes: int) -> RuntimeSpec:
 def started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, str]]:
     envs: list[dict[str, str]] = []
 
-    def start(env: dict[str, str]) -> tuple[Any, str]:
-        envs.append(env)
+    def start(env: dict[str, str], modules: tuple[str, ...]) -> tuple[Any, str]:
+        envs.append({**env, "modules": " ".join(modules)})
         return None, "/tmp/socket"
 
     monkeypatch.setattr(zygote, "start", start)
@@ -35,6 +36,8 @@ def test_a_cpu_pod_starts_its_zygote_in_the_environment_its_ranks_will_have(star
     assert warm is not None and warm[1] == "/tmp/socket"
     assert started[0]["OMP_NUM_THREADS"] == "1", "torchrun sets it for several workers: the ranks' imports see it"
     assert started[0]["TRANSFORMERS_VERBOSITY"] == "error", "as the ranks set it before importing"
+    modules = started[0].pop("modules")
+    assert modules == "muralist_runtime.main"
     assert warm[2] == {**started[0], zygote.ZYGOTE_ENV: "/tmp/socket"}, "the agent's: the ranks get the zygote's"
     launch.warm_start(runtime_spec(0, 1), {"OMP_NUM_THREADS": "2", "DIFFUSERS_VERBOSITY": "info"})
     assert (started[1]["OMP_NUM_THREADS"], started[1]["DIFFUSERS_VERBOSITY"]) == ("2", "info"), "the pod's own win"
@@ -46,3 +49,11 @@ def test_a_cpu_pod_starts_its_zygote_in_the_environment_its_ranks_will_have(star
 def test_no_zygote_of_its_own(started: list[dict[str, str]], gpus: int, env: dict[str, str]) -> None:
     assert launch.warm_start(runtime_spec(gpus, 1), env) is None
     assert not started
+
+
+def test_a_compiled_jobs_zygote_imports_what_loading_a_precompiled_function_needs(
+        started: list[dict[str, str]]) -> None:
+    launch.warm_start(runtime_spec(0, 2, compile_=True), {})
+    assert started[0]["modules"].split() == ["muralist_runtime.main", *launch.COMPILE_MODULES]
+    # A zygote that cannot import one does not serve: each name must exist in the torch the lock pins.
+    assert [m for m in launch.COMPILE_MODULES if importlib.util.find_spec(m) is None] == []

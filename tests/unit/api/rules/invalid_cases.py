@@ -125,6 +125,17 @@ INVALID_CASES: list[tuple[str, dict[str, Any], str, bool]] = [
         "spec.output.credentialsSecret",
         True,
     ),
+    (
+        "compile-cache-other-secret",
+        make_job().output(uri="s3://b/out", credentialsSecret="results")
+        .set("spec.model.compileCache", {"uri": "s3://b/compile", "credentialsSecret": "compile"}).obj(),
+        "spec.model.compileCache.credentialsSecret",
+        True,
+    ),
+    ("compile-cache-not-a-uri", make_job().set("spec.model.compileCache", {"uri": "/mnt/compile"}).obj(),
+     "spec.model.compileCache.uri", True),
+    ("compile-cache-without-uri", make_job().set("spec.model.compileCache", {"endpoint": "http://minio:9000"}).obj(),
+     "spec.model.compileCache.uri", True),
     ("bad-strategy", make_job().strategy("PipelineParallel").obj(), "spec.parallelism.strategy", True),
     ("negative-restarts", make_job().run_policy(maxRestarts=-1).obj(), "spec.runPolicy.maxRestarts", True),
     ("start-timeout-too-short", make_job().run_policy(startTimeoutSeconds=5).obj(),

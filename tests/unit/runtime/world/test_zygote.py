@@ -113,6 +113,8 @@ def test_a_rank_that_comes_while_the_zygote_imports_waits_and_is_served(tmp_path
         proc = rank({**env, zygote.ZYGOTE_ENV: path}, "exit", "5")
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 5 and "ordinary" not in out, err
+        # What the imports made is frozen: the rank's collections do not walk (and copy) the zygote's objects.
+        assert int(out.split("frozen ")[1]) > 0, out
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -1,15 +1,17 @@
 """What the zygote tests run as a rank (`python -m` this module, forked from a cold zygote).
 
-argv: `exit N` (prints its parent's pid and MARK, exits N), `signal S` (kills itself with S),
+argv: `exit N` (prints its parent's pid, MARK and how many objects the collector leaves alone, exits N),
+`signal S` (kills itself with S),
 `wait PIDFILE` (writes its pid, then waits for a signal)."""
 
+import gc
 import os
 import sys
 import time
 
 what = sys.argv[1]
 if what == "exit":
-    print(f"parent {os.getppid()} mark {os.environ.get('MARK')}", flush=True)
+    print(f"parent {os.getppid()} mark {os.environ.get('MARK')} frozen {gc.get_freeze_count()}", flush=True)
     sys.exit(int(sys.argv[2]))
 if what == "signal":
     os.kill(os.getpid(), int(sys.argv[2]))

@@ -1,0 +1,125 @@
+"""Precompiled forwards (model/precompiled.py): one function per call signature, compiled once, serialized for the
+compile cache and loaded by another module without compiling; a forward torch cannot precompile is left as it is.
+A two-layer module stands in for the transformer (one small C++ kernel to build: seconds)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+import torch
+from muralist_runtime.model import precompiled
+from muralist_runtime.model.precompiled import PrecompiledForward, call_key, signature
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0, return_dict: bool = True) -> torch.Tensor:
+        return self.second(torch.nn.functional.gelu(self.first(x))) * scale
+
+
+class Breaks(TwoLayers):
+    def forward(self, x: torch.Tensor, scale: float = 1.0, return_dict: bool = True) -> torch.Tensor:
+        torch._dynamo.graph_break()  # no single graph: torch cannot precompile it
+        return super().forward(x, scale)
+
+
+def test_a_call_key_tells_apart_what_a_graph_is_specialised_on() -> None:
+    x = torch.zeros(2, 8)
+    same = call_key((x,), {"scale": 1.0, "extra": {"a": None}})
+    assert same == call_key((torch.ones(2, 8),), {"scale": 1.0, "extra": {"a": None}}), "values of tensors: no"
+    for other in [call_key((torch.zeros(3, 8),), {"scale": 1.0, "extra": {"a": None}}),
+                  call_key((x.double(),), {"scale": 1.0, "extra": {"a": None}}),
+                  call_key((x,), {"scale": 2.0, "extra": {"a": None}}),
+                  call_key((x,), {"scale": 1.0, "extra": {"a": 1}})]:
+        assert other != same
+    with torch.inference_mode():
+        assert call_key((x,), {"scale": 1.0, "extra": {"a": None}}) != same, "the grad mode is in it"
+    assert signature(same) == signature(call_key((x,), {"scale": 1.0, "extra": {"a": None}}))
+
+
+def twin(module: TwoLayers) -> TwoLayers:
+    """Another module with the same weights and its own, uncompiled forward."""
+    other = TwoLayers().eval()
+    other.load_state_dict(module.state_dict())
+    return other
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[TwoLayers, PrecompiledForward, dict[str, bytes]]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+    # Building the kernel imports setuptools, which puts its vendored packages on sys.path: a later test of this
+    # worker reading the installed versions (tests/unit/test_locks.py) would find those.
+    mp.setattr(sys, "path", list(sys.path))
+    torch.manual_seed(0)
+    module = TwoLayers().eval()
+    forward = PrecompiledForward(module)
+    forward.install()
+    with torch.inference_mode():
+        module(torch.randn(2, 8), scale=0.5)
+        module(torch.randn(2, 8), scale=0.5)  # the same signature: served, not compiled again
+    saved = forward.take_fresh()
+    mp.undo()
+    return module, forward, saved
+
+
+def test_each_signature_compiles_once_and_matches_eager(compiled: tuple[TwoLayers, PrecompiledForward, dict]) -> None:
+    module, forward, saved = compiled
+    assert forward.compiled == 1 and len(saved) == 1
+    assert forward.take_fresh() == {}, "taken once"
+    with torch.inference_mode():
+        x = torch.randn(2, 8)
+        torch.testing.assert_close(module(x, scale=0.5), forward.original(x, scale=0.5))
+
+
+def test_another_module_loads_the_functions_and_compiles_nothing(
+        compiled: tuple[TwoLayers, PrecompiledForward, dict]) -> None:
+    module, _, saved = compiled
+    other = twin(module)
+    forward = PrecompiledForward(other)
+    forward.install()
+    forward.load(saved)
+    with torch.inference_mode():
+        x = torch.randn(2, 8)
+        torch.testing.assert_close(other(x, scale=0.5), module(x, scale=0.5))
+        with torch.no_grad():
+            other.second.weight.mul_(2)  # the weights are the graph's inputs, read at each call
+        torch.testing.assert_close(other(x, scale=0.5), forward.original(x, scale=0.5))
+    assert forward.compiled == 0 and forward.take_fresh() == {}
+
+
+def test_a_call_its_guards_refuse_runs_uncompiled_with_a_warning(
+        compiled: tuple[TwoLayers, PrecompiledForward, dict], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The safety net under call_key: were it to miss a difference a kept guard checks (here: a tensor made outside
+    inference_mode, whose dispatch keys differ), the call runs as it is instead of failing the item."""
+    forward = PrecompiledForward(twin(compiled[0]))
+    forward.load(compiled[2])
+    with torch.inference_mode():
+        served = precompiled.call_key((torch.randn(2, 8),), {"scale": 0.5})
+    monkeypatch.setattr(precompiled, "call_key", lambda args, kwargs: served)
+    x = torch.randn(2, 8)
+    with caplog.at_level(logging.WARNING, "muralist.compile"), torch.inference_mode():
+        torch.testing.assert_close(forward(x, scale=0.5), forward.original(x, scale=0.5))
+        torch.testing.assert_close(forward(x, scale=0.5), forward.original(x, scale=0.5))
+    assert forward.compiled == 0
+    assert len([r for r in caplog.records if "guard refused" in r.getMessage()]) == 1, "said once"
+
+
+def test_a_forward_torch_cannot_precompile_is_left_as_it_is(caplog: pytest.LogCaptureFixture) -> None:
+    module = Breaks().eval()
+    forward = PrecompiledForward(module, compile_if_not=False)
+    forward.install()
+    x = torch.randn(2, 8)
+    y = torch.randn(3, 8)
+    with caplog.at_level(logging.WARNING, "muralist.compile"), torch.inference_mode():
+        outputs = module(x), module(y)  # a second signature: not tried again
+        torch.testing.assert_close(outputs, (forward.original(x), forward.original(y)))
+    assert forward.compiled == 0 and forward.take_fresh() == {}
+    warned = [r.getMessage() for r in caplog.records if "cannot precompile Breaks" in r.getMessage()]
+    assert len(warned) == 1 and "left uncompiled" in warned[0], warned
