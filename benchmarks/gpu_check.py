@@ -942,7 +942,7 @@ def check_compile(ctx: Context, emit: Emit) -> None:
     empty compile cache and inductor folder), then as a new pod starts (dynamo reset, inductor's in-memory caches
     cleared, another empty inductor folder) from the entry the cold compile wrote: compile + warm-up time, graphs
     compiled and kernels built each time; then step time compiled vs not."""
-    from muralist_runtime.model import call, compiling
+    from muralist_runtime.model import call, compile_cache, compiling
     from torch._inductor.utils import fresh_cache
 
     s = ctx.sizes
@@ -970,7 +970,8 @@ def check_compile(ctx: Context, emit: Emit) -> None:
     for cold in (True, False):
         with fresh_cache(dir=str(ctx.work), delete=False):
             torch._dynamo.reset()
-            compiled = compiling.CompiledTransformer(pipe, specs[a], MODEL_NAME, None, not s.dry, False, cache)
+            compiled = compiling.CompiledTransformer(pipe, specs[a], MODEL_NAME, None, not s.dry, False,
+                                                      compile_cache.Location(str(cache)))
             compiled.apply()
             seconds, _ = ctx.timed(lambda c=compiled: c.warm_up(batch[0]))
         size = next(iter(compiled.record.sizes.values()))

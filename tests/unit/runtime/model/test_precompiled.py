@@ -93,6 +93,12 @@ def test_another_module_loads_the_functions_and_compiles_nothing(
     assert forward.compiled == 0 and forward.take_fresh() == {}
 
 
+def test_compiling_again_starts_from_the_modules_own_forward(
+        compiled: tuple[TwoLayers, PrecompiledForward, dict]) -> None:
+    module, first, _ = compiled
+    assert PrecompiledForward(module).original == first.original == TwoLayers.forward.__get__(module)
+
+
 def test_a_call_its_guards_refuse_runs_uncompiled_with_a_warning(
         compiled: tuple[TwoLayers, PrecompiledForward, dict], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
