@@ -61,7 +61,7 @@ class PrecompiledForward:
         self.module, self.compile_if_not = module, compile_if_not
         forward = module.forward
         # Compiled again (a second pipeline setup on the same model): from its own forward, not the first one's.
-        self.original = forward.original if isinstance(forward, PrecompiledForward) else forward
+        self.original: Any = forward.original if isinstance(forward, PrecompiledForward) else forward
         self.functions: dict[str, Any] = {}  # by signature
         self.by_key: dict[tuple[Any, ...], Any] = {}  # the same, by call key, as calls met them
         self.fresh: dict[str, Any] = {}  # compiled in this process, not yet taken for the compile cache
