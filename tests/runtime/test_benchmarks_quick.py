@@ -129,5 +129,6 @@ def test_checkpoints_quick(runtime_env: dict[str, str], tiny_wan: Path) -> None:
     rows = table_rows(out)
     assert [label.split(" (")[0] for label in rows] == ["plain", "straight", "preempted 3 times"], out[-2000:]
     assert_numbers(rows, 3)
-    assert re.search(r"one step [\d.]+ ms; one checkpoint written [\d.]+ ms", out), out[-2000:]
+    # At the quick mode's 40 steps a loaded machine can leave no measurable step time: then it says so.
+    assert re.search(r"one step ([\d.]+ ms|not measured \(.*\)); one checkpoint written [\d.]+ ms", out), out[-2000:]
     assert "every item identical" in out
