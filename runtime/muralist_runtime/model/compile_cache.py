@@ -4,7 +4,7 @@ pod that starts again (restarted, resized, added) loads it instead of compiling 
 An entry is one file, `<HF_HOME>/muralist/compile-cache/<key>.tar` (HF_HOME is the model.cache volume in a pod, so
 every pod of every job that mounts it shares the entries), or `<key>.tar` under spec.model.compileCache's bucket
 prefix (shared by every job that names it): the precompiled functions of a transformer compiled whole
-(precompiled.py) as `functions/<signature>.bin`, or, for one compiled by regions or inside a parallel group,
+(precompiled.py) as `functions/<role>-<signature>.bin`, or, for one compiled by regions or inside a parallel group,
 torch's portable artifacts (`torch.compiler.save_cache_artifacts`: inductor's FX graphs and AOTAutograd's, with a
 GPU's Triton kernels bundled in) as `artifacts.bin`; the kernel binaries inductor built meanwhile that neither
 carries (the C++ kernels of a CPU: without them a warm start spends ~20 s in gcc again) under `kernels/`; and the
@@ -258,32 +258,26 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> Non
 
 def read_entry(entry: Entry) -> bytes | None:
     """The entry's bytes; None when there is none."""
+    fs, path = open_location(entry.path, entry.location.endpoint)
     try:
-        if not is_uri(entry.path):
-            return Path(entry.path).read_bytes()
-        fs, path = open_location(entry.path, entry.location.endpoint)
         data: bytes = fs.cat_file(path)
-        return data
     except FileNotFoundError:
         return None
+    return data
 
 
 def exists(entry: Entry) -> bool:
-    if not is_uri(entry.path):
-        return os.path.exists(entry.path)
     fs, path = open_location(entry.path, entry.location.endpoint)
     return bool(fs.exists(path))
 
 
 def publish_entry(entry: Entry, data: bytes) -> bool:
-    """The entry's bytes put in place, whole, unless it is there already; whether this call put them. On a
-    volume, once (`publish`); in object storage a PUT is whole, and two ranks that compiled the same size at
-    once may both put theirs: either is the same entry."""
+    """The entry's bytes put in place, whole; whether this call put them. On a volume, once (`publish`: a second
+    writer leaves the first's); in object storage a PUT is whole, and two ranks that compiled the same size at
+    once may both put theirs (`save` looked first): either is the same entry."""
     if not is_uri(entry.path):
         return publish(Path(entry.path), data)
     fs, path = open_location(entry.path, entry.location.endpoint)
-    if fs.exists(path):
-        return False
     fs.pipe_file(path, data)
     return True
 

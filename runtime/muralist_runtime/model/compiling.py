@@ -8,7 +8,7 @@ gain); a small transformer compiles whole, where the code between the blocks is 
 trained tiny Flux, 4 blocks: whole 48.7 -> 29.1 ms an image on one CPU thread, regional 46.7 ms). A whole
 transformer in one graph (not a parallel group's, whose collectives may break it) is precompiled
 (precompiled.py), with an image VAE's decoder: a warm start loads the functions instead of tracing the forward
-again (0.4 s a rank instead of 3.5 s for the tiny Flux). Shapes are
+again (0.5-0.7 s a rank instead of 3.5 s for the tiny Flux). Shapes are
 static (`dynamic=False`): each size the job renders gets a graph of its own, compiled at its first call, and
 since every call of a compiled job has the job's batch size (render/batching.py pads short ones), nothing
 compiles again mid-job. The first size is compiled before generating, by a warm-up call (compileSeconds);
@@ -101,7 +101,7 @@ class CompileRecord:
 
 
 def key_parts(runtime: RuntimeSpec, versions: dict[str, str], model: dict[str, Any], device: dict[str, Any],
-              scope: str, fullgraph: bool, precompiled: list[str] | None = None) -> dict[str, Any]:
+              scope: str, fullgraph: bool, precompiled: list[str]) -> dict[str, Any]:
     """What a compile cache entry is keyed by, but the size (compile_cache.py lists it): the versions, the model,
     the device, the compile options, the call's batch and text length, and what changes the transformer's code.
     Not the number of pods or processes: a resized job finds what it compiled before."""
@@ -112,8 +112,7 @@ def key_parts(runtime: RuntimeSpec, versions: dict[str, str], model: dict[str, A
         "model": model,
         "dtype": spec.model.dtype,
         "device": device,
-        "compile": {"scope": scope, "fullgraph": fullgraph, "dynamic": False,
-                    "precompiled": precompiled or []},
+        "compile": {"scope": scope, "fullgraph": fullgraph, "dynamic": False, "precompiled": precompiled},
         "batch": gen.batch_size,
         "textTokens": gen.extra_args.get("max_sequence_length"),
         "code": {"adapters": [a.model_dump(mode="json") for a in spec.model.adapters],

@@ -66,7 +66,7 @@ class PrecompiledForward:
         self.by_key: dict[tuple[Any, ...], Any] = {}  # the same, by call key, as calls met them
         self.fresh: dict[str, Any] = {}  # compiled in this process, not yet taken for the compile cache
         self.compiled = 0
-        self.fallback: Any = None  # torch.compile of the forward, once precompiling failed (see _compile)
+        self.fallback: Any = None  # torch.compile of the forward, once precompiling failed (see _precompile)
 
     def install(self) -> None:
         self.module.forward = self
