@@ -149,6 +149,8 @@ class RunState:
             self.server.close()
         if self._world is not None:
             self._world.close()
+        if self.compiled is not None:
+            self.compiled.close()
 
 
 class NotSetUp(RuntimeError):

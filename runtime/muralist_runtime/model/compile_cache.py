@@ -7,7 +7,8 @@ prefix (shared by every job that names it): the precompiled functions of a trans
 (precompiled.py) as `functions/<role>-<signature>.bin`, or, for one compiled by regions or inside a parallel group,
 torch's portable artifacts (`torch.compiler.save_cache_artifacts`: inductor's FX graphs and AOTAutograd's, with a
 GPU's Triton kernels bundled in) as `artifacts.bin`; the kernel binaries inductor built meanwhile that neither
-carries (the C++ kernels of a CPU: without them a warm start spends ~20 s in gcc again) under `kernels/`; and the
+carries (the C++ kernels of a CPU: without them a warm start spends ~20 s in gcc again; each rank compiles in a
+folder of its own, `own_inductor_dir`, so that what it built is all they need) under `kernels/`; and the
 key spelled out (`key.json`). The key (`entry_key`) is a digest of everything that invalidates what was compiled:
 torch, diffusers and Python versions, the model (source, revision, the transformer's architecture), dtype, the
 call's size and batch, the device kind (a GPU's name and capability; a CPU's vector ISA, which inductor compiles
@@ -132,6 +133,20 @@ def inductor_dir() -> Path:
     return Path(inductor_cache_dir())
 
 
+def own_inductor_dir() -> Path:
+    """A new, empty folder for inductor to compile into in this process (TORCHINDUCTOR_CACHE_DIR, and inductor's
+    in-memory caches cleared): what a rank finds there, it built or restored itself, so the kernels it built are
+    all the kernels its entry needs. In a shared folder (a pod's ranks share /tmp; a reused or mounted one) a rank
+    used the kernels another had built without building them: its entry lacked them, and every pod that loaded
+    it built them again (26 s a rank for the tiny Flux, while a cold compile took 14 s). The caller removes it."""
+    from torch._inductor.utils import clear_caches
+
+    folder = Path(tempfile.mkdtemp(prefix="muralist-inductor-"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    clear_caches()
+    return folder
+
+
 def kernel_files(root: Path) -> set[str]:
     """The files of inductor's folder that an entry carries (relative paths): its kernels, not its graph caches."""
     found = set()
@@ -161,9 +176,11 @@ class Entry:
 
 @dataclass
 class Loaded:
-    """What an entry gave: the precompiled functions it holds, by signature (empty for an artifacts entry)."""
+    """What an entry gave: the precompiled functions it holds, by signature (empty for an artifacts entry), and the
+    names of its kernels."""
 
     functions: dict[str, bytes] = field(default_factory=dict)
+    kernels: set[str] = field(default_factory=set)
 
 
 def load(entry: Entry, kernels_into: Path) -> Loaded | None:
@@ -186,6 +203,7 @@ def load(entry: Entry, kernels_into: Path) -> Loaded | None:
                     loaded.functions[member.name[len(FUNCTIONS):-len(".bin")]] = _read(tar, member)
                 elif member.name.startswith(KERNELS) and member.isfile():
                     _restore(tar, member, kernels_into)
+                    loaded.kernels.add(member.name[len(KERNELS):])
     except (OSError, tarfile.TarError, ValueError) as e:
         log.warning("compile cache: cannot read %s (%s); compiling", entry.path, e)
         return None
@@ -215,13 +233,15 @@ def _restore(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> None:
     os.replace(tmp, target)
 
 
-def save(entry: Entry, kernels_from: Path, kernels: set[str], functions: dict[str, bytes] | None = None) -> bool:
-    """Write the entry unless it exists: `functions` (precompiled, by signature) or else torch's artifacts so
-    far, and `kernels` from inductor's folder; whether this call published it."""
+def save(entry: Entry, kernels_from: Path, kernels: set[str], functions: dict[str, bytes] | None = None,
+         replace: bool = False) -> bool:
+    """Write the entry unless it exists (or in its place: `replace`, for one that lacked what a rank had to build
+    again): `functions` (precompiled, by signature) or else torch's artifacts so far, and `kernels` from inductor's
+    folder; whether this call published it."""
     import torch
 
     try:
-        if exists(entry):
+        if not replace and exists(entry):
             return False
     except OSError as e:
         log.warning("compile cache: cannot reach %s (%s)", entry.path, e)
@@ -244,7 +264,7 @@ def save(entry: Entry, kernels_from: Path, kernels: set[str], functions: dict[st
             path = kernels_from / name
             _add(tar, KERNELS + name, path.read_bytes(), path.stat().st_mode & 0o777)
     try:
-        return publish_entry(entry, buffer.getvalue())
+        return publish_entry(entry, buffer.getvalue(), replace)
     except OSError as e:  # a full volume, a bucket that refuses: the job goes on, the next pod compiles again
         log.warning("compile cache: cannot write %s (%s)", entry.path, e)
         return False
@@ -271,19 +291,20 @@ def exists(entry: Entry) -> bool:
     return bool(fs.exists(path))
 
 
-def publish_entry(entry: Entry, data: bytes) -> bool:
+def publish_entry(entry: Entry, data: bytes, replace: bool = False) -> bool:
     """The entry's bytes put in place, whole; whether this call put them. On a volume, once (`publish`: a second
-    writer leaves the first's); in object storage a PUT is whole, and two ranks that compiled the same size at
-    once may both put theirs (`save` looked first): either is the same entry."""
+    writer leaves the first's) unless `replace`; in object storage a PUT is whole, and two ranks that compiled the
+    same size at once may both put theirs (`save` looked first): either is the same entry."""
     if not is_uri(entry.path):
-        return publish(Path(entry.path), data)
+        return publish(Path(entry.path), data, replace)
     fs, path = open_location(entry.path, entry.location.endpoint)
     fs.pipe_file(path, data)
     return True
 
 
-def publish(path: Path, data: bytes) -> bool:
-    """`data` at `path`, whole, unless a file is there already (whoever links first wins); whether it was this."""
+def publish(path: Path, data: bytes, replace: bool = False) -> bool:
+    """`data` at `path`, whole, unless a file is there already (whoever links first wins; `replace`: in its place,
+    by a rename); whether it was this."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -291,6 +312,9 @@ def publish(path: Path, data: bytes) -> bool:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if replace:
+            os.replace(tmp, path)
+            return True
         try:
             os.link(tmp, path)
         except FileExistsError:

@@ -15,18 +15,22 @@ compiles again mid-job. The first size is compiled before generating, by a warm-
 a later size (rows of another height, width or frame count) at its first call.
 
 Each size is looked up in the compile cache first (compile_cache.py): a hit loads what an earlier rank
-compiled; a miss compiles and the first rank to finish writes the entry. What each size cost is counted per
-rank (`CompileRecord`): seconds, whether the cache had it, graphs compiled (inductor's FX graph cache's
-misses, and the call signatures precompiled) and kernels built (C++ kernel binaries: a CPU's), for the job file.
+compiled; a miss compiles and the first rank to finish writes the entry; a hit that still had to build
+something (an entry written by an earlier version, without some kernels) writes the entry again, whole.
+What each size cost is counted per rank (`CompileRecord`): seconds, whether the cache had it, graphs
+compiled (inductor's FX graph cache's misses, and the call signatures precompiled) and kernels built (C++
+kernel binaries: a CPU's, loading an entry's functions included), for the job file.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from muralist_api.items import Item, Shape
@@ -149,6 +153,7 @@ class CompiledTransformer:
                  parallel: bool, cache: compile_cache.Location | None):
         self.pipe, self.runtime = pipe, runtime
         self.cache = cache
+        self.inductor: Path | None = None  # this process's own inductor folder, from apply() to close()
         transformer = pipe.transformer
         self.record = CompileRecord(scope(transformer))
         self.fullgraph = not parallel  # collectives inside a CP/TP group's blocks may break the graph
@@ -170,6 +175,7 @@ class CompiledTransformer:
         import torch
 
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        self.inductor = compile_cache.own_inductor_dir()
         transformer = self.pipe.transformer
         if self.precompiled:
             for forward in self.precompiled.values():
@@ -178,6 +184,12 @@ class CompiledTransformer:
             transformer.compile_repeated_blocks(fullgraph=self.fullgraph, dynamic=False)
         else:
             transformer.compile(fullgraph=self.fullgraph, dynamic=False)
+
+    def close(self) -> None:
+        """The inductor folder removed (the compiled code is loaded: a process maps its kernels, not reads them)."""
+        if self.inductor is not None:
+            shutil.rmtree(self.inductor, ignore_errors=True)
+            self.inductor = None
 
     def entry(self, shape: Shape, location: compile_cache.Location) -> compile_cache.Entry:
         return compile_cache.Entry.at(location, {**self._parts, "shape": list(shape)})
@@ -190,13 +202,13 @@ class CompiledTransformer:
         if name in self.record.sizes:
             yield
             return
-        kernels_dir = compile_cache.inductor_dir()
+        kernels_dir = self.inductor or compile_cache.inductor_dir()
         start, misses = time.perf_counter(), self._graphs_compiled()
         entry = self.entry(shape, self.cache) if self.cache is not None else None
         loaded = compile_cache.load(entry, kernels_dir) if entry is not None else None
-        if loaded is not None:
-            self._load_functions(loaded.functions)
         before = compile_cache.kernel_files(kernels_dir)
+        if loaded is not None:
+            self._load_functions(loaded.functions)  # imports their kernels: built here when the entry lacks them
         yield
         built = compile_cache.kernel_files(kernels_dir) - before
         hit = loaded is not None
@@ -205,12 +217,26 @@ class CompiledTransformer:
         self.record.sizes[name] = size
         functions = {f"{role}-{sig}": data for role, forward in self.precompiled.items()
                      for sig, data in forward.take_fresh().items()}
-        if entry is not None and (size.graphs_compiled or not hit) and compile_cache.save(entry, kernels_dir, built,
-                                                                                          functions):
-            log.info("compile cache: wrote %s (%s)", entry.path, name)
+        if entry is not None and loaded is None:
+            if compile_cache.save(entry, kernels_dir, built, functions):
+                log.info("compile cache: wrote %s (%s)", entry.path, name)
+        elif entry is not None and loaded is not None and (size.kernels_built or size.graphs_compiled):
+            self._mend(entry, loaded, kernels_dir, built, functions, size)
         log.info("compiled %s for %s in %.1fs (%s; %d graphs, %d kernels built)", self.record.scope, name,
                  size.seconds, "from the compile cache" if hit else "no compile cache entry",
                  size.graphs_compiled, size.kernels_built)
+
+    def _mend(self, entry: compile_cache.Entry, loaded: compile_cache.Loaded, kernels_dir: Path, built: set[str],
+              functions: dict[str, bytes], size: SizeRecord) -> None:
+        """An entry that lacked what this rank had to build (kernels, a call signature: one written by an earlier
+        version, or in a shared inductor folder) is replaced by a whole one, so that the next pod builds nothing.
+        An artifacts entry is left as it is: torch's artifacts are not read back to write them again."""
+        log.warning("compile cache: %s lacked what this rank compiled (%d graphs, %d kernels)%s", entry.path,
+                    size.graphs_compiled, size.kernels_built,
+                    "; writing a whole one in its place" if loaded.functions else "")
+        if loaded.functions and compile_cache.save(entry, kernels_dir, loaded.kernels | built,
+                                                   {**loaded.functions, **functions}, replace=True):
+            log.info("compile cache: wrote %s again, whole", entry.path)
 
     def _load_functions(self, functions: dict[str, bytes]) -> None:
         """An entry's functions, named `<role>-<signature>`, each to the forward of its role."""
@@ -240,7 +266,11 @@ def compile_pipeline(pipe: Any, runtime: RuntimeSpec, first: Item, source: str, 
     start = time.perf_counter()
     location = compile_cache.cache_location(runtime.spec.model.compile_cache)
     compiled = CompiledTransformer(pipe, runtime, source, revision, gpu, parallel, location)
-    compiled.apply()
-    compiled.warm_up(first)
+    try:
+        compiled.apply()
+        compiled.warm_up(first)
+    except BaseException:
+        compiled.close()
+        raise
     timings["compileSeconds"] = time.perf_counter() - start
     return compiled

@@ -4,13 +4,21 @@ A two-layer module stands in for the transformer (one small C++ kernel to build:
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from muralist_runtime.model import precompiled
+from muralist_api.items import Shape
+from muralist_api.runtime_spec import RuntimeSpec
+from muralist_runtime.model import compile_cache, compiling, precompiled
 from muralist_runtime.model.precompiled import PrecompiledForward, call_key, signature
+
+from tests.builders import make_job
 
 
 class TwoLayers(torch.nn.Module):
@@ -129,3 +137,59 @@ def test_a_forward_torch_cannot_precompile_is_left_as_it_is(caplog: pytest.LogCa
     assert forward.compiled == 0 and forward.take_fresh() == {}
     warned = [r.getMessage() for r in caplog.records if "cannot precompile Breaks" in r.getMessage()]
     assert len(warned) == 1 and "left uncompiled" in warned[0], warned
+
+
+def pod(module: TwoLayers, cache: Path) -> tuple[compiling.CompiledTransformer, compiling.SizeRecord, Path]:
+    """A new pod compiling `module` (compiling.py's own path, the first call of a size) with `cache`: what its
+    record says, and the inductor folder it compiled in (removed by close)."""
+    job = make_job().generation(compile=True).job()
+    compiled = compiling.CompiledTransformer(SimpleNamespace(transformer=module), RuntimeSpec(name="j", spec=job.spec,
+                                             output_dir="/out"), "tiny", None, False, False,
+                                             compile_cache.Location(str(cache)))
+    compiled.apply()
+    folder = compiled.inductor
+    assert folder is not None and compile_cache.kernel_files(folder) == set(), "an empty folder of its own"
+    with compiled.first_call(Shape(64, 64)), torch.inference_mode():
+        module(torch.randn(2, 8), scale=0.5)
+    compiled.close()
+    assert not folder.exists()
+    return compiled, compiled.record.sizes["64x64"], folder
+
+
+def entry_members(cache: Path) -> list[str]:
+    [entry] = cache.glob("*.tar")
+    with tarfile.open(entry) as tar:
+        return sorted(tar.getnames())
+
+
+def test_each_pod_compiles_in_its_own_folder_and_an_entry_that_lacks_kernels_is_counted_and_mended(
+        compiled: tuple[TwoLayers, PrecompiledForward, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module fixture built this module's kernel in TORCHINDUCTOR_CACHE_DIR: a pod that compiled there (a
+    pod's ranks share /tmp) used it without building it, wrote an entry without it, and every pod after built it
+    again while its record said it built nothing."""
+    shared = tmp_path / "shared-inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # see the fixture
+    cache = tmp_path / "cache"
+    _, cold, _ = pod(twin(compiled[0]), cache)
+    assert (cold.cache_hit, cold.graphs_compiled) == (False, 1) and cold.kernels_built >= 1, cold
+    whole = entry_members(cache)
+    kernels = [name for name in whole if name.startswith("kernels/") and name.endswith(".so")]
+    assert len(kernels) == cold.kernels_built, whole
+
+    # An entry without its kernels (as one written in a shared folder was): loaded, built again, counted, mended.
+    [entry] = cache.glob("*.tar")
+    with tarfile.open(entry) as tar:
+        kept = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if not m.name.startswith("kernels/")}
+    with tarfile.open(entry, "w") as tar:
+        for name, data in kept.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    _, lacking, _ = pod(twin(compiled[0]), cache)
+    assert (lacking.cache_hit, lacking.functions_loaded, lacking.graphs_compiled) == (True, 1, 0), lacking
+    assert lacking.kernels_built == cold.kernels_built, "the kernels it built again are counted"
+    assert entry_members(cache) == whole, "and the entry is whole again"
+
+    _, warm, _ = pod(twin(compiled[0]), cache)
+    assert (warm.cache_hit, warm.functions_loaded, warm.graphs_compiled, warm.kernels_built) == (True, 1, 0, 0)
