@@ -43,7 +43,7 @@ from muralist_api.storage import is_uri, join_uri, open_location
 
 log = logging.getLogger("muralist.compile")
 
-ENTRY_FORMAT = 2  # bump when an entry's layout changes
+ENTRY_FORMAT = 3  # bump when an entry's layout changes (3: call signatures hold their tensors' strides)
 ARTIFACTS = "artifacts.bin"
 FUNCTIONS = "functions/"
 KERNELS = "kernels/"

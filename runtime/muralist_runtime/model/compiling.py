@@ -231,11 +231,11 @@ class CompiledTransformer:
         """An entry that lacked what this rank had to build (kernels, a call signature: one written by an earlier
         version, or in a shared inductor folder) is replaced by a whole one, so that the next pod builds nothing.
         An artifacts entry is left as it is: torch's artifacts are not read back to write them again."""
+        mendable = bool(loaded.functions and (built or functions))
         log.warning("compile cache: %s lacked what this rank compiled (%d graphs, %d kernels)%s", entry.path,
-                    size.graphs_compiled, size.kernels_built,
-                    "; writing a whole one in its place" if loaded.functions else "")
-        if loaded.functions and compile_cache.save(entry, kernels_dir, loaded.kernels | built,
-                                                   {**loaded.functions, **functions}, replace=True):
+                    size.graphs_compiled, size.kernels_built, "; writing a whole one in its place" if mendable else "")
+        if mendable and compile_cache.save(entry, kernels_dir, loaded.kernels | built,
+                                           {**loaded.functions, **functions}, replace=True):
             log.info("compile cache: wrote %s again, whole", entry.path)
 
     def _load_functions(self, functions: dict[str, bytes]) -> None:

@@ -43,7 +43,8 @@ def test_a_call_key_tells_apart_what_a_graph_is_specialised_on() -> None:
     for other in [call_key((torch.zeros(3, 8),), {"scale": 1.0, "extra": {"a": None}}),
                   call_key((x.double(),), {"scale": 1.0, "extra": {"a": None}}),
                   call_key((x,), {"scale": 2.0, "extra": {"a": None}}),
-                  call_key((x,), {"scale": 1.0, "extra": {"a": 1}})]:
+                  call_key((x,), {"scale": 1.0, "extra": {"a": 1}}),
+                  call_key((x.t().contiguous().t(),), {"scale": 1.0, "extra": {"a": None}})]:  # other strides
         assert other != same
     with torch.inference_mode():
         assert call_key((x,), {"scale": 1.0, "extra": {"a": None}}) != same, "the grad mode is in it"
@@ -71,6 +72,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[TwoLayers, Preco
     with torch.inference_mode():
         module(torch.randn(2, 8), scale=0.5)
         module(torch.randn(2, 8), scale=0.5)  # the same signature: served, not compiled again
+        module(torch.randn(3, 8), scale=0.5)  # another: precompiled too (torch once failed to pickle the first)
     saved = forward.take_fresh()
     mp.undo()
     return module, forward, saved
@@ -78,11 +80,11 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[TwoLayers, Preco
 
 def test_each_signature_compiles_once_and_matches_eager(compiled: tuple[TwoLayers, PrecompiledForward, dict]) -> None:
     module, forward, saved = compiled
-    assert forward.compiled == 1 and len(saved) == 1
+    assert forward.compiled == 2 and len(saved) == 2 and forward.fallback is None
     assert forward.take_fresh() == {}, "taken once"
     with torch.inference_mode():
-        x = torch.randn(2, 8)
-        torch.testing.assert_close(module(x, scale=0.5), forward.original(x, scale=0.5))
+        for x in (torch.randn(2, 8), torch.randn(3, 8)):
+            torch.testing.assert_close(module(x, scale=0.5), forward.original(x, scale=0.5))
 
 
 def test_another_module_loads_the_functions_and_compiles_nothing(
@@ -99,6 +101,25 @@ def test_another_module_loads_the_functions_and_compiles_nothing(
             other.second.weight.mul_(2)  # the weights are the graph's inputs, read at each call
         torch.testing.assert_close(other(x, scale=0.5), forward.original(x, scale=0.5))
     assert forward.compiled == 0 and forward.take_fresh() == {}
+
+
+def test_guards_are_checked_at_a_call_keys_first_call_only(
+        compiled: tuple[TwoLayers, PrecompiledForward, dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    checked = []
+    guard_check = AOTCompiledFunction.guard_check
+    monkeypatch.setattr(AOTCompiledFunction, "guard_check",
+                        lambda self, *a, **kw: checked.append(1) or guard_check(self, *a, **kw))
+    other = twin(compiled[0])
+    forward = PrecompiledForward(other)
+    forward.install()
+    forward.load(compiled[2])
+    with torch.inference_mode():
+        x = torch.randn(2, 8)
+        for _ in range(3):
+            torch.testing.assert_close(other(x, scale=0.5), forward.original(x, scale=0.5))
+    assert len(checked) == 1, "checked once, at the key's first call"
 
 
 def test_compiling_again_starts_from_the_modules_own_forward(
