@@ -1,7 +1,8 @@
 """Loading the pipeline once the world exists: staged, loaded (`from_pretrained` of the source resolve.py
 found, with the spec's pipeline class and dtype), checked against the layout and the call, with the
-job's features (adapters, scheduler, step cache), VAE tiling when asked, verified by the canary and
-parallelised. generation.compile comes after, in compiling.py.
+job's features (adapters, scheduler, step cache), VAE tiling when asked, verified by the canary,
+parallelised, and what diffusers looks up at every call found once (settled.py). generation.compile comes after,
+in compiling.py.
 
 Timings: loadSeconds (staging, from_pretrained, placement, parallel setup, MagCache's calibration
 included), calibrateSeconds (that render alone) and verifySeconds.
@@ -19,7 +20,7 @@ from muralist_api.runtime_spec import RuntimeSpec
 
 from ..step_cache import calibration
 from ..world.distributed import DistributedWorld
-from . import call, canary, features, hub, staging
+from . import call, canary, features, hub, settled, staging
 from .strategies import ParallelStrategy, Plan
 
 log = logging.getLogger("muralist")
@@ -58,6 +59,7 @@ def load(runtime: RuntimeSpec, strategy: ParallelStrategy, plan: Plan, source: s
     # The canary's single-rank reference: before enable_parallelism, which cannot be undone.
     reference = canary.reference(pipe, runtime, first, world) if verify else None
     pipe = strategy.parallelize(pipe, plan, world)
+    settled.settle(pipe)
     timings["loadSeconds"] = time.perf_counter() - start
     log.info("pipeline loaded in %.1fs", timings["loadSeconds"])
     if verify:

@@ -40,3 +40,23 @@ def test_step_times_advance_with_every_step(tmp_path: Path, monkeypatch: pytest.
     while read() != stamps[-1] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert read() == stamps[-1]
+
+
+def test_steps_read_the_peak_memory_once_a_second_and_the_end_reads_it_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = iter(range(1, 100))
+    read = []
+    monkeypatch.setattr(progress.peak_memory, "peak_mib",
+                        lambda: read.append(1) or (float(next(readings)), "VmHWM"))
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    prog = RankProgress(rank=1, job_total=5, writes=True, local=False)
+    for item in range(5):  # five items of eight steps, in well under a second
+        for _ in range(8):
+            prog.step_done()
+        prog.item_done(f"{item:05d}-000", "completed", 0.1)
+    assert len(read) == 1 and prog.state.peak_memory_mib == 1.0
+    now[0] += progress.PEAK_EVERY_SECONDS
+    prog.step_done()
+    assert len(read) == 2
+    prog.finished()
+    assert len(read) == 3 and prog.state.peak_memory_mib == 3.0, "the end's reading: the peak of the whole run"
