@@ -126,13 +126,6 @@ def versions() -> dict[str, str]:
     return {"torch": torch.__version__, "diffusers": diffusers.__version__, "python": platform.python_version()}
 
 
-def inductor_dir() -> Path:
-    """The folder inductor compiles into (TORCHINDUCTOR_CACHE_DIR, or its default under the temp folder)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
-
-    return Path(inductor_cache_dir())
-
-
 def own_inductor_dir() -> Path:
     """A new, empty folder for inductor to compile into in this process (TORCHINDUCTOR_CACHE_DIR, and inductor's
     in-memory caches cleared): what a rank finds there, it built or restored itself, so the kernels it built are

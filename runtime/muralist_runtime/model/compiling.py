@@ -202,7 +202,9 @@ class CompiledTransformer:
         if name in self.record.sizes:
             yield
             return
-        kernels_dir = self.inductor or compile_cache.inductor_dir()
+        kernels_dir = self.inductor
+        if kernels_dir is None:
+            raise RuntimeError("CompiledTransformer.first_call before apply(), which makes its inductor folder")
         start, misses = time.perf_counter(), self._graphs_compiled()
         entry = self.entry(shape, self.cache) if self.cache is not None else None
         loaded = compile_cache.load(entry, kernels_dir) if entry is not None else None
