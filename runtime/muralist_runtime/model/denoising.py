@@ -35,6 +35,8 @@ from muralist_api.contract import PermanentFailure
 from muralist_api.rules.workloads import CHECKPOINT_FIELD, RESUMABLE_PIPELINES, not_resumable
 from muralist_api.runtime_spec import RuntimeSpec
 
+from .settled import twin_class
+
 _ITEM = "_muralist_item_denoising"  # the pipeline's attribute holding the attached ItemDenoising
 _SKIP = "_muralist_resume"  # the pipeline's attribute holding the steps a resumed call has left to skip
 _CONFIG = "_internal_dict"  # a scheduler's config (ConfigMixin): fixed by the spec, not state
@@ -156,9 +158,7 @@ def make_resumable(pipe: Any) -> None:
     if base in _RESUMABLE.values():
         return
     if base not in _RESUMABLE:
-        _RESUMABLE[base] = type(base.__name__, (base,), {
-            "interrupt": property(_interrupt), "__module__": base.__module__, "__qualname__": base.__qualname__,
-            "__doc__": base.__doc__})
+        _RESUMABLE[base] = twin_class(base, {"interrupt": property(_interrupt)})
     pipe.__class__ = _RESUMABLE[base]
 
 

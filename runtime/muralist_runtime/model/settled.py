@@ -29,13 +29,19 @@ def settle(pipe: Any) -> None:
     pipe.__dict__[_DEVICE] = pipe._execution_device
     pipe.__dict__[_PLAIN_TOKENIZERS] = {id(t) for t in _tokenizers(pipe) if not _multi_vector_tokens(t)}
     if base not in _SETTLED:
-        members: dict[str, Any] = {"_execution_device": property(_execution_device), "__module__": base.__module__,
-                                   "__qualname__": base.__qualname__, "__doc__": base.__doc__}
+        members: dict[str, Any] = {"_execution_device": property(_execution_device)}
         if hasattr(base, "maybe_convert_prompt"):
             members["maybe_convert_prompt"] = _maybe_convert_prompt
             members["_unsettled"] = base
-        _SETTLED[base] = type(base.__name__, (base,), members)
+        _SETTLED[base] = twin_class(base, members)
     pipe.__class__ = _SETTLED[base]
+
+
+def twin_class(base: type, members: dict[str, Any]) -> type:
+    """A subclass of `base` with `members` replaced, that passes for `base`: the same name, module, qualified
+    name and docstring (a pipeline's class name is what diffusers and the job file go by)."""
+    return type(base.__name__, (base,), {**members, "__module__": base.__module__, "__qualname__": base.__qualname__,
+                                         "__doc__": base.__doc__})
 
 
 def _tokenizers(pipe: Any) -> list[Any]:
