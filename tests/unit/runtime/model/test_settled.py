@@ -6,6 +6,7 @@ import pytest
 import torch
 from diffusers import FluxPipeline
 from diffusers.hooks import group_offloading
+from diffusers.pipelines.flux import pipeline_flux
 from muralist_runtime.model import denoising, settled
 from muralist_runtime.model.bundled import SHAPES_TEXT_TOKENS, bundled_model
 
@@ -42,6 +43,9 @@ def test_a_settled_pipeline_looks_nothing_up_and_renders_as_before(pipe: FluxPip
     monkeypatch.setattr(type(pipe.tokenizer), "tokenize", looked_up)
     assert pipe._execution_device == torch.device("cpu")
     assert pipe.maybe_convert_prompt(PROMPT, pipe.tokenizer) == PROMPT
+    assert pipeline_flux.get_module_execution_device(pipe.vae) == torch.device("cpu")
+    with pytest.raises(AssertionError, match="looked up again"):  # a module of no settled pipeline: as before
+        pipeline_flux.get_module_execution_device(torch.nn.Linear(2, 2))
     monkeypatch.undo()
     torch.testing.assert_close(render(pipe), before, rtol=0, atol=0)
 
