@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,6 +43,8 @@ from ..work.item_failures import NAMED, describe_item
 from . import media, requests, shards, storage, temps
 from .thumbnails import thumbnail_jpeg
 from .writer import atomic_write_bytes, atomic_write_text
+
+log = logging.getLogger("muralist")
 
 PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 # Deterministic fields only: the PNG bytes then depend on the pixels alone, so the same job
@@ -216,6 +220,11 @@ def encode_output(output: RenderedOutput, runtime: RuntimeSpec, meta: dict[str, 
     return encode_image(output.image, fmt, meta)
 
 
+def integrity(data: bytes) -> dict[str, Any]:
+    """What an item's record says of its output file, to tell it from one cut short: its size and CRC-32."""
+    return {"bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+
+
 def failed_entry(runtime: RuntimeSpec, item: Item, rank: int, reason: str) -> dict[str, Any]:
     entry = metadata(runtime, item, rank, 0.0)
     entry.update(status="failed", error=reason)
@@ -276,6 +285,7 @@ class FilesLayout:
         self.root = Path(runtime.output_dir)
         self.images = self.root / output_folder.IMAGES_DIR
         self.ext = runtime.spec.output.format
+        self._unsynced: dict[int, list[Path]] = {}  # by chunk: the files its part file will name, not fsynced
 
     def prepare(self) -> None:
         self.images.mkdir(parents=True, exist_ok=True)
@@ -307,11 +317,32 @@ class FilesLayout:
                 entry = output_format.read_entry(raw, item.key, item.number(per_row))
             except (OSError, ValueError):  # output_format.FormatError is a ValueError
                 continue
+            if not self._intact(item, entry):
+                continue
             keep(self.runtime, self.trust, item, entry, out)
         return out
 
+    def _intact(self, item: Item, entry: dict[str, Any]) -> bool:
+        """Whether the output on disk is the one its record describes (its size and CRC-32; a record of an
+        earlier version has neither, and its output was fsynced). Files are fsynced only when their chunk
+        ends (end_chunk), so a machine that crashed before could leave an output cut short or empty."""
+        if "bytes" not in entry:
+            return True
+        try:
+            data = storage.at(self.root).read_bytes(self.image_path(item))
+        except OSError:
+            return False
+        if integrity(data) == {"bytes": entry.get("bytes"), "crc32": entry.get("crc32")}:
+            return True
+        log.warning("item %s: %s is not the output its record describes (%d bytes, not %s: a write cut short); "
+                    "rendering it again", item.key, output_folder.item_file(item.key, self.ext), len(data),
+                    entry.get("bytes"))
+        return False
+
     def begin_chunk(self, chunk: int, kept: dict[str, dict[str, Any]]) -> None:
-        return None
+        # Kept items are named by this chunk's part file too: an earlier pod may have left them unsynced.
+        self._unsynced[chunk] = [path for key in kept for path in (self.root / output_folder.record_file(key),
+                                                                   self.root / kept[key]["file"])]
 
     def write(self, chunk: int, item: Item, output: RenderedOutput, seconds: float) -> dict[str, Any]:
         """On a writer thread: metadata first, then the gallery's stills, the output last, each atomically.
@@ -328,11 +359,17 @@ class FilesLayout:
             stills["input" if field_name == "image" else field_name] = image
         for name in stills:
             meta[name] = output_folder.still_file(item.key, name)
-        atomic_write_text(self.meta_path(item), json.dumps(meta, indent=2) + "\n")
-        for name, image in stills.items():
-            data = encode_image(image, "jpeg", meta) if name == "poster" else thumbnail_jpeg(image)
-            atomic_write_bytes(self.root / output_folder.still_file(item.key, name), data)
-        atomic_write_bytes(self.image_path(item), encode_output(output, self.runtime, meta))
+        data = encode_output(output, self.runtime, meta)
+        meta.update(integrity(data))
+        written = [self.meta_path(item), *(self.root / meta[name] for name in stills), self.image_path(item)]
+        # Not fsynced one by one (two journal commits an item): end_chunk makes them durable before the part
+        # file names them, and `kept` checks an output against its record.
+        atomic_write_text(written[0], json.dumps(meta, indent=2) + "\n", fsync=False)
+        for path, (name, image) in zip(written[1:-1], stills.items(), strict=True):
+            still = encode_image(image, "jpeg", meta) if name == "poster" else thumbnail_jpeg(image)
+            atomic_write_bytes(path, still, fsync=False)
+        atomic_write_bytes(written[-1], data, fsync=False)
+        self._unsynced.setdefault(chunk, []).extend(written)
         meta["status"] = "rendered"
         return meta
 
@@ -340,12 +377,12 @@ class FilesLayout:
         return result  # already on disk
 
     def end_chunk(self, chunk: int) -> None:
-        return None
+        storage.at(self.root).make_durable(self._unsynced.pop(chunk, []))
 
     def abandon_chunk(self, chunk: int) -> None:
         """A drained rank leaves the chunk unfinished: its written items stay (and are kept by the
-        next rank that takes the chunk)."""
-        return None
+        next rank that takes the chunk, which checks them and makes them durable)."""
+        self._unsynced.pop(chunk, None)
 
 
 class WebDatasetLayout:

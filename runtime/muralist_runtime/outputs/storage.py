@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -38,6 +39,10 @@ class Storage(Protocol):
 
     def publish(self, tmp: Path, final: Path, sync_dir: bool = True) -> None:
         """A complete local temp becomes `final` (the temp is gone after)."""
+        ...
+
+    def make_durable(self, paths: Iterable[Path]) -> None:
+        """Files written with fsync=False made to outlive a crash of the machine (before a record names them)."""
         ...
 
     def read_bytes(self, path: Path) -> bytes:
@@ -68,6 +73,9 @@ class LocalStorage:
 
     def write(self, final: Path, data: bytes, fsync: bool = True) -> None:
         temps.write_atomic(final, data, fsync=fsync)
+
+    def make_durable(self, paths: Iterable[Path]) -> None:
+        temps.make_durable(paths)
 
     def publish(self, tmp: Path, final: Path, sync_dir: bool = True) -> None:
         temps.publish(tmp, final, sync_dir=sync_dir)
@@ -113,6 +121,9 @@ class ObjectStorage:
 
     def write(self, final: Path, data: bytes, fsync: bool = True) -> None:
         self.fs.pipe_file(self.key(final), data)
+
+    def make_durable(self, paths: Iterable[Path]) -> None:
+        return None  # an object is whole and kept once its PUT returned
 
     def publish(self, tmp: Path, final: Path, sync_dir: bool = True) -> None:
         temps.closed(tmp)

@@ -111,8 +111,8 @@ def generate(job: RunPlan, pipe: Any, state: RunState) -> None:
     start = time.perf_counter()
     if layout.writes_images:
         state.background = writer.BackgroundWriter(
-            state.layout.write, stall_seconds=job.runtime.spec.parallelism.collective_timeout_seconds,
-            where=state.jobfile.where)
+            state.layout.write, threads=writer.write_threads(job.gpu),
+            stall_seconds=job.runtime.spec.parallelism.collective_timeout_seconds, where=state.jobfile.where)
     rendered = 0
     gate = CacheGate.for_job(job.runtime, job.work.start, job.work.total_items,
                              storage.at(Path(job.runtime.output_dir)), call.render_checked)

@@ -135,7 +135,7 @@ def test_a_replaced_output_goes_before_its_new_metadata_is_written(tmp_path: Pat
     output = rendered(fixed, new_item)
     output.metadata["replaced"] = ["prompt"]
 
-    def killed(path: Path, data: bytes) -> None:  # the writer dies before the new output is written
+    def killed(path: Path, data: bytes, fsync: bool = True) -> None:  # dies before the new output is written
         if path.suffix == ".png":
             raise OSError("killed")
         atomic_write_text(path, data.decode()) if path.suffix == ".json" else None
@@ -148,6 +148,63 @@ def test_a_replaced_output_goes_before_its_new_metadata_is_written(tmp_path: Pat
     again.write(0, new_item, output, 0.1)
     assert json.loads(again.meta_path(new_item).read_text())["prompt"] == "a green square"
     assert new_item.key in again.kept(0, [new_item]).entries
+
+
+def test_an_output_cut_short_is_rendered_again(tmp_path: Path) -> None:
+    spec = runtime(tmp_path)
+    layout = layouts.FilesLayout(spec, rank=0)
+    layout.prepare()
+    items = all_items(spec)
+    for item in items:
+        layout.write(0, item, rendered(spec, item), 0.1)
+    # A machine that crashed before the chunk ended: files renamed into place, their data lost or cut short.
+    layout.image_path(items[0]).write_bytes(b"")
+    whole = layout.image_path(items[1]).read_bytes()
+    layout.image_path(items[1]).write_bytes(whole[:-1] + bytes([whole[-1] ^ 1]))
+    # A record of an earlier version, without size or CRC: its output was fsynced, and is kept as before.
+    older = json.loads(layout.meta_path(items[2]).read_text())
+    del older["bytes"], older["crc32"]
+    atomic_write_text(layout.meta_path(items[2]), json.dumps(older))
+    kept = layout.kept(0, items)
+    assert sorted(kept.entries) == [i.key for i in items[2:]] and not kept.stale
+
+
+def test_a_chunks_files_are_fsynced_when_it_ends_before_its_part_file_names_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    spec = runtime(tmp_path)
+    layout = layouts.FilesLayout(spec, rank=0)
+    layout.prepare()
+    items = all_items(spec)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    entries = [layout.write(0, item, rendered(spec, item), 0.1) for item in items[:2]]
+    assert synced == [], "an item's files are not fsynced one by one"
+    layout.end_chunk(0)
+    layouts.write_part(tmp_path, 0, entries)
+    files = [str(p) for i in items[:2] for p in (layout.meta_path(i), layout.image_path(i))]
+    assert sorted(synced[:4]) == sorted(files) and synced[4] == str(layout.images), "files, then their folder"
+    assert synced[5].startswith(str(tmp_path / "parts")) and len(synced) == 6, "then the part file"
+    # A chunk taken again keeps what an earlier pod wrote (perhaps drained before its chunk ended): its part
+    # file names those too, so they are fsynced with the chunk's new ones.
+    synced.clear()
+    layout.begin_chunk(1, layout.kept(1, items[:2]).entries)
+    layout.write(1, items[2], rendered(spec, items[2]), 0.1)
+    layout.end_chunk(1)
+    assert sorted(synced[:-1]) == sorted([*files, str(layout.meta_path(items[2])), str(layout.image_path(items[2]))])
+    layout.begin_chunk(2, {})
+    layout.write(2, items[3], rendered(spec, items[3]), 0.1)
+    layout.abandon_chunk(2)
+    synced.clear()
+    layout.end_chunk(2)
+    assert synced == [], "an abandoned chunk's files are the next taker's to make durable"
 
 
 def test_prepare_removes_temp_files_of_dead_writers(files: layouts.FilesLayout) -> None:
