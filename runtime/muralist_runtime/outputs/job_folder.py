@@ -8,7 +8,7 @@ from muralist_api.runtime_spec import RuntimeSpec
 
 from ..work.chunks import WorkPlan
 from ..world.distributed import Layout
-from . import layouts, storage, writer
+from . import layouts, parts, storage, writer
 from .layouts import FilesLayout, WebDatasetLayout
 
 
@@ -20,7 +20,7 @@ def open_job_folder(runtime: RuntimeSpec, work: WorkPlan,
     jobfile = writer.JobFile(runtime)
     recorded, trust = jobfile.check_existing()
     # A folder resumed keeps its own chunks (its part files name them), whatever this world is.
-    work = layouts.resumed_plan(runtime, work, recorded)
+    work = parts.resumed_plan(runtime, work, recorded)
     jobfile.chunks = Chunks(work.start, work.chunk_rows)
     if layout.hosts_store:
         jobfile.write(layout.describe())

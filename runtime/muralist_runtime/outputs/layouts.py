@@ -1,4 +1,4 @@
-"""Where items go: the two output layouts, and the chunk part files that say what is done.
+"""Where items go: the two output layouts (the chunk part files that say what is done: parts.py).
 
 Layout under the output directory (spec.output.layout; every name is the output-folder contract's,
 muralist_api/contract/output_folder.py):
@@ -8,15 +8,13 @@ muralist_api/contract/output_folder.py):
                  images/<key>.poster.jpg, and image-conditioned items' input thumbnails
                  images/<key>.input.jpg / .mask.jpg, for the gallery (written before the output)
     webdataset:  shards/shard-<chunk>.tar, members <key>.<format> + <key>.json per item
-    both:        parts/chunk-<chunk>.jsonl, the manifest lines of one chunk, written once all
-                 its items are on disk or failed: a chunk's part file is its "done" marker;
-                 the manifest, the index, the job file and the gallery (merge.py, at the end)
+    both:        parts/chunk-<chunk>.jsonl, a chunk's "done" marker (parts.py); the manifest, the
+                 index, the job file and the gallery (merge.py, at the end)
 
 Every file is written to a temp name and renamed, so no reader sees a partial one; a rank
 killed mid-chunk costs that chunk's unfinished items (files) or its shard (webdataset).
 Folders of older versions are read through muralist_api/contract/output_format.py (here by
-`read_part`, `kept` and `resumed_plan`): that module is the format's contract, and this one never
-reads around it.
+`kept`): that module is the format's contract, and this one never reads around it.
 Encoding happens on writer threads (writer.BackgroundWriter): `FilesLayout.write` writes an
 item's files there; `WebDatasetLayout.write` only encodes, and the generating thread adds the
 members to the shard in item order (`add`), so a shard's bytes do not depend on thread timing.
@@ -28,19 +26,16 @@ import io
 import json
 import logging
 import zlib
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muralist_api.contract import PermanentFailure, output_folder, output_format
-from muralist_api.contract.output_folder import JobRecord
+from muralist_api.contract import output_folder, output_format
 from muralist_api.items import Item, printable
 from muralist_api.runtime_spec import RuntimeSpec
 
-from ..work.chunks import ChunkCounts
-from ..work.item_failures import NAMED, describe_item
 from . import media, requests, shards, storage, temps
+from .parts import read_part
 from .thumbnails import thumbnail_jpeg
 from .writer import atomic_write_bytes, atomic_write_text
 
@@ -80,82 +75,6 @@ def tree(root: Path) -> list[Path]:
     """The output tree's directories: where its files, and so their temps, are (never the folders
     beside it: with output.path "." those are other jobs')."""
     return [root, *(root / directory for directory in output_folder.DIRECTORIES)]
-
-
-def part_path(root: Path, chunk: int) -> Path:
-    return root / output_folder.part_file(chunk)
-
-
-def read_part(root: Path, chunk: int) -> list[dict[str, Any]] | None:
-    """The entries of a finished chunk (in today's shape, whichever version wrote them), or None
-    when it is not finished (or cannot be read now). A part file is renamed into place whole, so one
-    that does not read as entries was not written by a version this runtime knows: the folder is refused."""
-    try:
-        return load_part(root, chunk)
-    except OSError:
-        return None
-
-
-def load_part(root: Path, chunk: int) -> list[dict[str, Any]]:
-    """read_part, raising FileNotFoundError for a chunk not finished and OSError for one that cannot be
-    read now (the merge tells the two apart)."""
-    path = part_path(root, chunk)
-    text = storage.at(path).read_bytes(path).decode()
-    out = []
-    try:
-        for number, line in enumerate(text.splitlines(), 1):
-            try:
-                raw = json.loads(line)
-            except ValueError:
-                raise output_format.FormatError(f"line {number} is not JSON") from None
-            out.append(output_format.read_entry(raw))
-        if not out:
-            raise output_format.FormatError("lists no item")
-    except output_format.FormatError as e:
-        where = storage.at(path).where(path)
-        raise PermanentFailure("spec.output.path", f"{where} is not a part file this version reads ({e}); move it "
-                               f"away to render chunk {chunk} again, or use another output.path") from None
-    return out
-
-
-def resumed_plan(runtime: RuntimeSpec, plan: Any, recorded: JobRecord | None) -> Any:
-    """The work plan (work.WorkPlan) of a run on this output folder: cut in the folder's chunks,
-    recorded in its job file or, for a folder of format 2-3, read off its first part files."""
-    root = Path(runtime.output_dir)
-    fresh = output_format.Chunks(plan.start, plan.chunk_rows)
-    try:
-        folder = output_format.recorded_chunks(recorded) if recorded is not None else None
-        if folder is None:
-            rows = output_format.infer_chunk_rows(_first_parts_rows(root), plan.start, plan.rows)
-            folder = output_format.Chunks(plan.start, rows) if rows is not None else None
-    except output_format.FormatError as e:
-        raise PermanentFailure("spec.output.path", f"{root} {e}; use another output.path") from None
-    chunks = output_format.resume_chunks(folder, fresh, runtime.spec.output.layout, str(root))
-    return replace(plan, chunk_rows=chunks.chunk_rows)
-
-
-def _first_parts_rows(root: Path) -> dict[int, set[int]]:
-    """chunk -> the rows its part file lists, of the two lowest-numbered part files: enough to
-    tell the chunk size (chunk 0 alone may be the last one)."""
-    numbers = sorted(n for name in storage.at(root).names(root / output_folder.PARTS_DIR)
-                     if (n := output_folder.part_number(name)) is not None)
-    out = {}
-    for chunk in numbers[:2]:
-        entries = read_part(root, chunk)
-        if entries:
-            out[chunk] = {e["promptIndex"] for e in entries}
-    return out
-
-
-def chunk_counts(entries: list[dict[str, Any]]) -> ChunkCounts:
-    """A finished chunk's completed items, failed items, and the first failed ones described."""
-    failed = [e for e in entries if e.get("status") == "failed"]
-    return len(entries) - len(failed), len(failed), [describe_item(e.get("key", "?"), e.get("id"), e.get("error"))
-                                                     for e in failed[:NAMED]]
-
-
-def write_part(root: Path, chunk: int, entries: Iterable[dict[str, Any]]) -> None:
-    atomic_write_text(part_path(root, chunk), "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries))
 
 
 def metadata(runtime: RuntimeSpec, item: Item, rank: int, seconds: float) -> dict[str, Any]:
@@ -341,8 +260,8 @@ class FilesLayout:
 
     def begin_chunk(self, chunk: int, kept: dict[str, dict[str, Any]]) -> None:
         # Kept items are named by this chunk's part file too: an earlier pod may have left them unsynced.
-        self._unsynced[chunk] = [path for key in kept for path in (self.root / output_folder.record_file(key),
-                                                                   self.root / kept[key]["file"])]
+        self._unsynced[chunk] = [self.root / name for key in kept
+                                 for name in (output_folder.record_file(key), output_folder.item_file(key, self.ext))]
 
     def write(self, chunk: int, item: Item, output: RenderedOutput, seconds: float) -> dict[str, Any]:
         """On a writer thread: metadata first, then the gallery's stills, the output last, each atomically.

@@ -33,9 +33,9 @@ from ..work.chunks import Tally, WorkPlan, merge_wait_bound, owner
 from ..work.claims import ClaimClient
 from ..work.item_failures import NAMED, describe_item
 from ..world.distributed import Layout
-from . import checkpoints, layouts, shards, storage, temps
+from . import checkpoints, layouts, parts, shards, storage, temps
 from .gallery import write_gallery
-from .layouts import read_part
+from .parts import read_part
 from .writer import JobFile
 
 log = logging.getLogger("muralist")
@@ -69,7 +69,7 @@ def entries(root: Path, chunks: int, plan: WorkPlan | None = None,
             lost = [k for k in planned if k not in listed]
             extra = sorted({k for k in listed if k not in planned or listed.count(k) > 1}, key=str)
             raise MergeIncomplete(
-                f"{layouts.part_path(root, chunk).relative_to(root)} does not list its chunk's items exactly once"
+                f"{parts.part_path(root, chunk).relative_to(root)} does not list its chunk's items exactly once"
                 f"{_held(holder, chunk)}: missing {_few(lost)}, unexpected or repeated {_few(extra)}; failing this "
                 "pod, so that its retry renders the chunk again")
         yield from part
@@ -97,12 +97,12 @@ def _part_numbers(root: Path) -> list[int]:
 def _load(root: Path, chunk: int, holder: Holder) -> list[dict[str, Any]]:
     for attempt in range(READ_TRIES):
         try:
-            return layouts.load_part(root, chunk)
+            return parts.load_part(root, chunk)
         except FileNotFoundError:
             raise MergeIncomplete(_missing_message(root, [chunk], holder)) from None
         except OSError as e:
             if attempt == READ_TRIES - 1:
-                raise MergeIncomplete(f"{layouts.part_path(root, chunk).relative_to(root)}{_held(holder, chunk)} "
+                raise MergeIncomplete(f"{parts.part_path(root, chunk).relative_to(root)}{_held(holder, chunk)} "
                                       f"cannot be read ({e.strerror or e}) after {READ_TRIES} tries; failing this "
                                       "pod, so that its retry merges again") from e
             log.warning("reading part file of chunk %d failed (%s); trying again", chunk, e)
@@ -218,7 +218,7 @@ def merge_job(runtime: RuntimeSpec, work: WorkPlan, jobfile: JobFile, claims: Cl
     # Another pod's is the operator's to retry (its stall timeout); should no chunk finish for
     # the bound all the same, this pod fails and its retry claims the missing chunks itself.
     timeout = runtime.spec.parallelism.collective_timeout_seconds
-    Tally(claims, lambda chunk: layouts.chunk_counts(read_part(jobfile.root, chunk) or [])).wait_all(
+    Tally(claims, lambda chunk: parts.chunk_counts(read_part(jobfile.root, chunk) or [])).wait_all(
         work.chunks, pending, bound=merge_wait_bound(work, timeout, slowest_item_seconds),
         holder=lambda group: f"pod {group * layout.group_size // layout.local_world_size}")
     timings["waitSeconds"] = time.perf_counter() - start

@@ -27,7 +27,8 @@ from muralist_api.items import Item
 from ..model import call
 from ..model.checkpointing import Checkpointing
 from ..outputs import requests, storage, writer
-from ..outputs.layouts import FilesLayout, RenderedOutput, chunk_counts, failed_entry, read_part, relisted, write_part
+from ..outputs.layouts import FilesLayout, RenderedOutput, failed_entry, relisted
+from ..outputs.parts import chunk_counts, read_part, write_part
 from ..run_state import NotSetUp, RunPlan, RunState
 from ..step_cache.gate import CacheGate
 from ..testing import faults

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from muralist_api.runtime_spec import RuntimeSpec
 from muralist_runtime.model import inputs
-from muralist_runtime.outputs import layouts, shards, storage
+from muralist_runtime.outputs import parts, shards, storage
 from muralist_runtime.work.sources import Columns, RemotePath, RowSource, SourceError, location, readers
 
 from tests.s3_plugin import S3Server
@@ -43,15 +43,15 @@ def test_the_object_seam_puts_whole_objects_and_lists_what_exists(tmp_path: Path
     try:
         assert storage.at(root / "parts" / "chunk-000000.jsonl") is objects
         assert storage.at(tmp_path / "elsewhere") is not objects, "other paths stay local files"
-        layouts.write_part(root, 0, [{"key": "00000-000", "index": 0, "promptIndex": 0, "status": "rendered"}])
-        layouts.write_part(root, 3, [{"key": "00003-000", "index": 3, "promptIndex": 3, "status": "rendered"}])
+        parts.write_part(root, 0, [{"key": "00000-000", "index": 0, "promptIndex": 0, "status": "rendered"}])
+        parts.write_part(root, 3, [{"key": "00003-000", "index": 3, "promptIndex": 3, "status": "rendered"}])
         fs = s3_server.filesystem()
         assert sorted(fs.ls(f"{bucket}/results/t/parts")) == [f"{bucket}/results/t/parts/chunk-{c:06d}.jsonl"
                                                               for c in (0, 3)]
         assert objects.names(root / "parts") == ["chunk-000000.jsonl", "chunk-000003.jsonl"]
         assert objects.names(root / "nothing") == []
-        assert [e["key"] for e in layouts.read_part(root, 3) or []] == ["00003-000"]
-        assert layouts.read_part(root, 1) is None, "a chunk not finished has no part object"
+        assert [e["key"] for e in parts.read_part(root, 3) or []] == ["00003-000"]
+        assert parts.read_part(root, 1) is None, "a chunk not finished has no part object"
         assert objects.where(root / "index.parquet") == f"s3://{bucket}/results/t/index.parquet"
 
         # A streamed file: written to a local temp, uploaded once complete, the temp gone.

@@ -17,7 +17,7 @@ from muralist_api.contract import PermanentFailure
 from muralist_api.contract.output_folder import JobRecord
 from muralist_api.contract.output_format import OUTPUT_FORMAT, Chunks, FormatError, infer_chunk_rows, read_entry
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime.outputs import layouts
+from muralist_runtime.outputs import layouts, parts
 from muralist_runtime.outputs.writer import JobFile
 from muralist_runtime.work import chunks
 from muralist_runtime.work.rows import inline_rows, items_of
@@ -56,7 +56,7 @@ def test_item_json_of_format_1_reads_as_todays_entry(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["a4144e8-files", "cd07f54-files", "a4144e8-webdataset"])
 def test_part_files_of_formats_2_and_3_read(name: str) -> None:
-    entries = layouts.read_part(FORMATS / name, 0)
+    entries = parts.read_part(FORMATS / name, 0)
     assert entries and [e["index"] for e in entries] == list(range(len(entries)))
     assert all(e["status"] == "rendered" and e["kind"] == "image" for e in entries)
 
@@ -69,12 +69,12 @@ def test_part_files_of_formats_2_and_3_read(name: str) -> None:
     ("", "lists no item"),
 ])
 def test_a_part_file_this_version_cannot_read_refuses_the_folder(tmp_path: Path, text: str, why: str) -> None:
-    layouts.part_path(tmp_path, 3).parent.mkdir()
-    layouts.part_path(tmp_path, 3).write_text(text)
+    parts.part_path(tmp_path, 3).parent.mkdir()
+    parts.part_path(tmp_path, 3).write_text(text)
     with pytest.raises(PermanentFailure) as refused:
-        layouts.read_part(tmp_path, 3)
+        parts.read_part(tmp_path, 3)
     assert refused.value.field == "spec.output.path"
-    assert str(layouts.part_path(tmp_path, 3)) in str(refused.value) and why in str(refused.value)
+    assert str(parts.part_path(tmp_path, 3)) in str(refused.value) and why in str(refused.value)
     assert "render chunk 3 again" in str(refused.value)
 
 
@@ -122,7 +122,7 @@ def test_every_older_job_json_of_the_same_job_resumes(tmp_path: Path, name: str)
 def test_each_fixture_resumes_in_its_own_chunks(tmp_path: Path, name: str, job: str, chunk_rows: int) -> None:
     runtime = fixture(name, tmp_path, job=job)
     recorded, _ = JobFile(runtime).check_existing()
-    assert layouts.resumed_plan(runtime, plan_of(runtime), recorded).chunk_rows == chunk_rows
+    assert parts.resumed_plan(runtime, plan_of(runtime), recorded).chunk_rows == chunk_rows
 
 
 def test_job_json_records_the_format_and_the_chunks(tmp_path: Path) -> None:
@@ -166,23 +166,23 @@ def test_a_resumed_folder_keeps_its_chunks_whatever_this_version_would_cut(tmp_p
     # taken for unfinished and rows 1-2 listed twice in the manifest.
     old = fixture("a4144e8-files", tmp_path)
     assert plan_of(old).chunk_rows == 1
-    assert layouts.resumed_plan(old, plan_of(old), JobFile(old).check_existing()[0]).chunk_rows == 3
-    assert layouts.resumed_plan(old, plan_of(old), None).chunk_rows == 3, "job.json gone: the parts still tell"
+    assert parts.resumed_plan(old, plan_of(old), JobFile(old).check_existing()[0]).chunk_rows == 3
+    assert parts.resumed_plan(old, plan_of(old), None).chunk_rows == 3, "job.json gone: the parts still tell"
     new = fixture("new", tmp_path)
-    assert layouts.resumed_plan(new, plan_of(new), None) == plan_of(new), "a new folder: this run's cut"
+    assert parts.resumed_plan(new, plan_of(new), None) == plan_of(new), "a new folder: this run's cut"
     recorded = JobRecord(output_format=OUTPUT_FORMAT, plan=Chunks(0, 2))
-    assert layouts.resumed_plan(new, plan_of(new), recorded).chunk_rows == 2, "another world's cut, recorded"
+    assert parts.resumed_plan(new, plan_of(new), recorded).chunk_rows == 2, "another world's cut, recorded"
 
 
 def test_a_webdataset_folder_of_other_shards_or_rows_is_refused(tmp_path: Path) -> None:
     runtime = fixture("a4144e8-webdataset", tmp_path, job="webdataset", shardSize=3)
     with pytest.raises(PermanentFailure, match=r"^spec.output.shardSize: .* holds shards of 2 rows, this job asks "
                                                r"for 3; set shardSize 2 to resume it"):
-        layouts.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing()[0])
+        parts.resumed_plan(runtime, plan_of(runtime), JobFile(runtime).check_existing()[0])
     moved = JobRecord(output_format=OUTPUT_FORMAT, plan=Chunks(4, 3))
     with pytest.raises(PermanentFailure, match=r"^spec.dataset.start: .* holds chunks counted from row 4, this job "
                                                r"starts at row 0"):
-        layouts.resumed_plan(runtime, plan_of(runtime), moved)
+        parts.resumed_plan(runtime, plan_of(runtime), moved)
     job = json.loads((tmp_path / "a4144e8-webdataset" / "job.json").read_text())
     (tmp_path / "a4144e8-webdataset" / "job.json").write_text(json.dumps({**job, "plan": {"chunkRows": 0}}))
     with pytest.raises(PermanentFailure, match=r"^spec.output.path: .* records a plan \{'chunkRows': 0\}, not "):

@@ -11,7 +11,7 @@ import pytest
 from muralist_api.contract import PermanentFailure
 from muralist_api.contract.output_folder import JobRecord
 from muralist_api.runtime_spec import RuntimeSpec
-from muralist_runtime.outputs import layouts, merge, shards, temps
+from muralist_runtime.outputs import layouts, merge, parts, shards, temps
 from muralist_runtime.outputs.writer import JobFile, atomic_write_text
 from muralist_runtime.work.rows import inline_rows, items_of
 from PIL import Image
@@ -188,7 +188,7 @@ def test_a_chunks_files_are_fsynced_when_it_ends_before_its_part_file_names_them
     entries = [layout.write(0, item, rendered(spec, item), 0.1) for item in items[:2]]
     assert synced == [], "an item's files are not fsynced one by one"
     layout.end_chunk(0)
-    layouts.write_part(tmp_path, 0, entries)
+    parts.write_part(tmp_path, 0, entries)
     files = [str(p) for i in items[:2] for p in (layout.meta_path(i), layout.image_path(i))]
     assert sorted(synced[:4]) == sorted(files) and synced[4] == str(layout.images), "files, then their folder"
     assert synced[5].startswith(str(tmp_path / "parts")) and len(synced) == 6, "then the part file"
@@ -295,7 +295,7 @@ def test_webdataset_shard_per_chunk_and_a_retry_keeps_what_it_had(tmp_path: Path
     entries = [layout.add(0, i, layout.write(0, i, IMG, 0.1)) for i in items[:3]]
     entries.append(layouts.failed_entry(spec, items[3], 0, "input image missing"))
     layout.end_chunk(0)
-    layouts.write_part(tmp_path, 0, entries)
+    parts.write_part(tmp_path, 0, entries)
     with tarfile.open(tmp_path / "shards" / "shard-000000.tar") as tar:
         assert tar.getnames() == ["00000-000.png", "00000-000.json", "00000-001.png", "00000-001.json",
                                   "00001-000.png", "00001-000.json"]
@@ -314,9 +314,9 @@ def test_merge_streams_parts_into_manifest_index_and_gallery(tmp_path: Path) -> 
     layout = layouts.FilesLayout(spec, rank=0)
     layout.prepare()
     items = all_items(spec)
-    layouts.write_part(tmp_path, 1, [layouts.failed_entry(spec, items[2], 1, "NaN"),
+    parts.write_part(tmp_path, 1, [layouts.failed_entry(spec, items[2], 1, "NaN"),
                                      layout.write(1, items[3], IMG, 0.2)])
-    layouts.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
+    parts.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
     counts = merge.merge(tmp_path, 3, "w", page_size=200, caption={"model": "m"})  # chunk 2: unfinished
     assert counts == {"rendered": 3, "failed": 1}
     lines = [json.loads(x) for x in (tmp_path / "manifest.jsonl").read_text().splitlines()]
@@ -334,7 +334,7 @@ def test_the_merge_fails_retryably_naming_a_missing_part_and_who_held_it(tmp_pat
     layout.prepare()
     items = all_items(spec)
     plan = WorkPlan(start=0, rows=2, chunk_rows=1, images_per_prompt=2)
-    layouts.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
+    parts.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
 
     def held(chunk: int) -> str:
         return "pod 1" if chunk == 1 else ""
@@ -348,12 +348,12 @@ def test_the_merge_fails_retryably_naming_a_missing_part_and_who_held_it(tmp_pat
         "retry renders them again")
     assert not (tmp_path / "manifest.jsonl").exists() and not (tmp_path / "index.html").exists(), "nothing published"
     # A part that lists less than its chunk: never a success either.
-    layouts.write_part(tmp_path, 1, [layout.write(1, items[2], IMG, 0.1)])
+    parts.write_part(tmp_path, 1, [layout.write(1, items[2], IMG, 0.1)])
     with pytest.raises(merge.MergeIncomplete, match=r"^parts/chunk-000001.jsonl does not list its chunk's items "
                                                     r"exactly once \(chunk 1, rendered by pod 1\): missing 00001-001"):
         merge.merge(tmp_path, 2, "w", 200, {}, plan=plan, holder=held)
     assert not (tmp_path / "manifest.jsonl").exists()
-    layouts.write_part(tmp_path, 1, [layout.write(1, i, IMG, 0.1) for i in items[2:]])
+    parts.write_part(tmp_path, 1, [layout.write(1, i, IMG, 0.1) for i in items[2:]])
     assert merge.merge(tmp_path, 2, "w", 200, {}, plan=plan, holder=held) == {"rendered": 4}
 
 
@@ -365,8 +365,8 @@ def test_the_merge_tries_a_part_that_cannot_be_read_again(tmp_path: Path, monkey
     layout.prepare()
     items = all_items(spec)
     plan = WorkPlan(start=0, rows=1, chunk_rows=1, images_per_prompt=2)
-    layouts.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
-    load = layouts.load_part
+    parts.write_part(tmp_path, 0, [layout.write(0, i, IMG, 0.1) for i in items[:2]])
+    load = parts.load_part
     failures = iter([OSError(5, "Input/output error")] * 2)
 
     def flaky(root: Path, chunk: int):  # type: ignore[no-untyped-def]
@@ -375,10 +375,10 @@ def test_the_merge_tries_a_part_that_cannot_be_read_again(tmp_path: Path, monkey
             raise error
         return load(root, chunk)
 
-    monkeypatch.setattr(layouts, "load_part", flaky)
+    monkeypatch.setattr(parts, "load_part", flaky)
     monkeypatch.setattr(merge, "READ_PAUSE_SECONDS", 0.01)
     assert merge.merge(tmp_path, 1, "w", 200, {}, plan=plan) == {"rendered": 2}, "read on the third try"
-    monkeypatch.setattr(layouts, "load_part", lambda root, chunk: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    monkeypatch.setattr(parts, "load_part", lambda root, chunk: (_ for _ in ()).throw(OSError(5, "I/O error")))
     with pytest.raises(merge.MergeIncomplete, match=r"^parts/chunk-000000.jsonl \(chunk 0\) cannot be read \(I/O "
                                                     r"error\) after 4 tries"):
         merge.merge(tmp_path, 1, "w", 200, {}, plan=plan)

@@ -23,7 +23,7 @@ import os, pathlib, sys
 from pathlib import Path
 
 root = Path(sys.argv[1])
-from muralist_runtime.outputs import layouts, merge, shards, writer
+from muralist_runtime.outputs import layouts, merge, parts, shards, writer
 
 
 class Killed(BaseException):
@@ -46,7 +46,7 @@ def shard():
 
 writes = [
     lambda: writer.atomic_write_text(root / "job.json", "{}"),
-    lambda: layouts.write_part(root, 1, [{"key": "00000001-000", "index": 1, "status": "rendered"}]),
+    lambda: parts.write_part(root, 1, [{"key": "00000001-000", "index": 1, "status": "rendered"}]),
     lambda: writer.atomic_write_bytes(root / "images" / "00000001-000.png", b"png"),
     shard,
     lambda: merge.merge(root, 1, "job", 2, {}),  # the manifest, the index and the gallery's first file
