@@ -16,7 +16,7 @@ reasons the launchers cannot serve themselves:
   the ranks find the drain file instead; the pod then exits DRAINED_EXIT_CODE;
 - the ranks' imports (torch, diffusers, transformers: ~5 s) need not wait for the agent's own
   and its rendezvous: on a CPU pod a zygote (world/zygote.py) starts first and imports them beside
-  the agent, and the ranks fork from it (`warm_start`).
+  the agent, and the ranks fork from it (`zygote.warm_start`).
 
 Everything else is the pod contract's (muralist_api/contract/pod.py): PET_* variables already in the
 environment win, so a rendered pod and a local agent run exactly the command they show.
@@ -33,7 +33,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from muralist_api import contract
 from muralist_api.contract.env import PodEnv
@@ -67,34 +66,6 @@ def agent_command(spec_file: str, env: dict[str, str],
     return argv, pet
 
 
-# What the ranks set before their imports (main._quiet_libraries), set for them here when a zygote imports for them:
-# its imports must see what theirs would have.
-QUIET_LIBRARIES = {"TRANSFORMERS_VERBOSITY": "error", "DIFFUSERS_VERBOSITY": "error"}
-# What a compiled job's ranks import to load a precompiled function (model/precompiled.py): its inductor code's
-# imports, 0.9 s of a rank's 1.3 s load measured, paid once by the zygote instead.
-COMPILE_MODULES = ("torch._dynamo.aot_compile", "torch._inductor.compile_fx", "torch._inductor.codecache",
-                   "torch._inductor.select_algorithm", "torch._inductor.codegen.memory_planning",
-                   "torch._functorch._aot_autograd.aot_autograd_result")
-
-
-def warm_start(runtime: RuntimeSpec, env: dict[str, str]) -> tuple[subprocess.Popen[Any], str, dict[str, str]] | None:
-    """A zygote for this pod's ranks (world/zygote.py), started before the agent: on a CPU pod, unless one is
-    given already (the test session's) or MURALIST_ZYGOTE=off. Returns it, its socket and the agent's environment,
-    which is the zygote's: what the ranks will have (torchrun sets OMP_NUM_THREADS=1 for several workers when it
-    is not set; the ranks quiet the libraries before importing them)."""
-    if env.get(zygote.ZYGOTE_ENV):
-        return None
-    par = runtime.spec.parallelism
-    if par.gpus_per_node > 0:
-        return None
-    ranks = {**QUIET_LIBRARIES, **env}
-    if par.launcher == "torchrun" and par.resolved_processes_per_node > 1:
-        ranks.setdefault("OMP_NUM_THREADS", "1")
-    modules = ("muralist_runtime.main", *(COMPILE_MODULES if runtime.spec.generation.compile else ()))
-    proc, path = zygote.start(ranks, modules)
-    return proc, path, {**ranks, zygote.ZYGOTE_ENV: path}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="muralist_runtime.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="RuntimeSpec JSON file.")
@@ -105,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tempfile.gettempdir(), f"muralist-drain-{os.getpid()}")
     Path(drain_file).unlink(missing_ok=True)
     env = {**os.environ, **pet, contract.MURALIST_LAUNCHED: "1", contract.MURALIST_DRAIN_FILE: drain_file}
-    warm = warm_start(runtime, env)
+    warm = zygote.warm_start(runtime, env)
     try:
         return _launch(command, warm[2] if warm is not None else env, drain_file)
     finally:

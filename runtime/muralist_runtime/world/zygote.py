@@ -39,7 +39,10 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a rank's process imports this module before anything else: no API package at run time
+    from muralist_api.runtime_spec import RuntimeSpec
 
 # A pod variable of the launch entry point (launch.py) for its ranks: the zygote's socket, or "off". Spelled here,
 # not in the API's contract, so that a rank's process delegates before it imports anything (the API: 0.3 s).
@@ -278,8 +281,10 @@ def serve(path: str, warm: bool = True, modules: list[str] | None = None) -> Non
 def _spawn(env: dict[str, str], args: list[str], stdout: int) -> tuple[subprocess.Popen[Any], str]:
     folder = tempfile.mkdtemp(prefix="muralist-zygote-")  # short: a socket path has ~100 bytes
     path = os.path.join(folder, "socket")
+    # A session of its own: a Ctrl-C at the terminal is for `muralist run` to pass on to its agents, whose ranks
+    # die with the zygote.
     proc = subprocess.Popen([sys.executable, "-m", __name__, path, *args], stdout=stdout, text=True,
-                            env={k: v for k, v in env.items() if k != ZYGOTE_ENV})
+                            env={k: v for k, v in env.items() if k != ZYGOTE_ENV}, start_new_session=True)
     return proc, path
 
 
@@ -288,6 +293,35 @@ def start(env: dict[str, str], modules: tuple[str, ...] = ("muralist_runtime.mai
     """A zygote for the ranks of this pod, whose environment will be `env` (its import-time part); returns the
     process and the socket to set as MURALIST_ZYGOTE. It does not wait: the ranks do, when they connect."""
     return _spawn(env, list(modules), subprocess.DEVNULL)
+
+
+# What the ranks set before their imports (main._quiet_libraries), set for them when a zygote imports for them:
+# its imports must see what theirs would have.
+QUIET_LIBRARIES = {"TRANSFORMERS_VERBOSITY": "error", "DIFFUSERS_VERBOSITY": "error"}
+# What a compiled job's ranks import to load a precompiled function (model/precompiled.py): its inductor code's
+# imports, 0.9 s of a rank's 1.3 s load measured, paid once by the zygote instead.
+COMPILE_MODULES = ("torch._dynamo.aot_compile", "torch._inductor.compile_fx", "torch._inductor.codecache",
+                   "torch._inductor.select_algorithm", "torch._inductor.codegen.memory_planning",
+                   "torch._functorch._aot_autograd.aot_autograd_result")
+
+
+def warm_start(runtime: RuntimeSpec, env: dict[str, str]) -> tuple[subprocess.Popen[Any], str, dict[str, str]] | None:
+    """A zygote for this pod's ranks, started before the agent (by the launch entry point, or by `muralist
+    run` for its agents): on a CPU pod, unless one is given already (the test session's) or MURALIST_ZYGOTE=off.
+    Returns it, its socket and the agent's environment, which is the zygote's: what the ranks will have
+    (torchrun sets OMP_NUM_THREADS=1 for several workers when it is not set; the ranks quiet the libraries
+    before importing them)."""
+    if env.get(ZYGOTE_ENV):
+        return None
+    par = runtime.spec.parallelism
+    if par.gpus_per_node > 0:
+        return None
+    ranks = {**QUIET_LIBRARIES, **env}
+    if par.launcher == "torchrun" and par.resolved_processes_per_node > 1:
+        ranks.setdefault("OMP_NUM_THREADS", "1")
+    modules = ("muralist_runtime.main", *(COMPILE_MODULES if runtime.spec.generation.compile else ()))
+    proc, path = start(ranks, modules)
+    return proc, path, {**ranks, ZYGOTE_ENV: path}
 
 
 def stop(proc: subprocess.Popen[Any], path: str) -> None:
