@@ -63,8 +63,9 @@ def signature(key: tuple[Any, ...]) -> str:
 class PrecompiledForward:
     """Installed as a module's `forward`: each call served by the function compiled for its signature."""
 
-    def __init__(self, module: Any, compile_if_not: bool = True):
+    def __init__(self, module: Any, compile_if_not: bool = True, cpp_wrapper: bool = False):
         self.module, self.compile_if_not = module, compile_if_not
+        self.options = {"cpp_wrapper": True} if cpp_wrapper else {}  # inductor's wrapper code in C++
         forward = module.forward
         # Compiled again (a second pipeline setup on the same model): from its own forward, not the first one's.
         self.original: Any = forward.original if isinstance(forward, PrecompiledForward) else forward
@@ -140,7 +141,8 @@ class PrecompiledForward:
 
         log.info("precompiling %s for a new call signature", type(self.module).__name__)
         compiler = torch.compile(self.original, fullgraph=True, dynamic=False,
-                                 options={"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe})
+                                 options={"guard_filter_fn": torch.compiler.keep_portable_guards_unsafe,
+                                          **self.options})
         # Traced with the module's own forward in place: torch pickles the module's attributes with the function,
         # and this object's compiled functions cannot be pickled (a second signature of a process failed so:
         # "cannot pickle RootGuardManager").

@@ -2,8 +2,8 @@
 
 Jobs repeat prompts: a restyle job sends one prompt with every photo of a catalog, a seed sweep sends each
 prompt with many seeds, a data set of prompts has duplicates. A pipeline call encodes its prompts again every
-time (`encode_prompt`: the tokenizers and the text encoders), which for the trained tiny Flux on a CPU is a
-fifth of an item (3.6 ms of ~20 ms compiled, measured). The encoders are deterministic, so an encoding given
+time (`encode_prompt`: the tokenizers and the text encoders), which for the trained tiny Flux on one CPU thread
+is 1.9 ms of a ~16 ms compiled item (200 calls timed). The encoders are deterministic, so an encoding given
 again is the one the call would have computed: the images stay bit for bit the same
 (tests/unit/runtime/model/test_prompt_memo.py).
 

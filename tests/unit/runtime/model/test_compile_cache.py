@@ -33,7 +33,8 @@ def runtime(nodes: int = 1, **change: Any) -> RuntimeSpec:
 def key(rt: RuntimeSpec, shape: Shape = SQUARE, **parts: Any) -> str:
     found = compiling.key_parts(rt, parts.get("versions", VERSIONS), parts.get("model", MODEL),
                                 parts.get("device", CPU), parts.get("scope", "whole"), True,
-                                parts.get("precompiled", ["decoder", "transformer"]))
+                                parts.get("precompiled", ["decoder", "transformer"]),
+                                cpp_wrapper=parts.get("cpp_wrapper", True))
     return compile_cache.Entry.at(compile_cache.Location("/cache"), {**found, "shape": list(shape)}).key
 
 
@@ -63,6 +64,7 @@ def test_what_changes_the_compiled_code_misses(change: dict[str, Any]) -> None:
     {"scope": "regional"},
     {"precompiled": ["transformer"]},  # a decoder no longer precompiled (tiled decoding)
     {"precompiled": []},
+    {"cpp_wrapper": False},  # an entry of precompiled functions with Python wrappers (written before, or on a GPU)
 ])
 def test_versions_model_device_and_options_are_in_the_key(other: dict[str, Any]) -> None:
     assert key(runtime(), **other) != key(runtime())
