@@ -99,13 +99,19 @@ def corrected(out: Path, **fields) -> RuntimeSpec:  # type: ignore[no-untyped-de
     return RuntimeSpec.model_validate(doc)
 
 
-def test_an_item_on_disk_is_kept_only_for_the_request_it_was_made_for(tmp_path: Path) -> None:
-    spec = runtime(tmp_path)
+def written(out: Path) -> tuple[layouts.FilesLayout, list]:  # type: ignore[type-arg]
+    """A files layout in `out` with every item of runtime(out) written to chunk 0."""
+    spec = runtime(out)
     layout = layouts.FilesLayout(spec, rank=0)
     layout.prepare()
     items = all_items(spec)
     for item in items:
         layout.write(0, item, rendered(spec, item), 0.1)
+    return layout, items
+
+
+def test_an_item_on_disk_is_kept_only_for_the_request_it_was_made_for(tmp_path: Path) -> None:
+    layout, items = written(tmp_path)
     assert sorted(layout.kept(0, items).entries) == [i.key for i in items] and not layout.kept(0, items).stale
     # The first prompt corrected: both of its images are made for another request now.
     fixed = corrected(tmp_path, prompt="a green square on a white background")
@@ -151,12 +157,7 @@ def test_a_replaced_output_goes_before_its_new_metadata_is_written(tmp_path: Pat
 
 
 def test_an_output_cut_short_is_rendered_again(tmp_path: Path) -> None:
-    spec = runtime(tmp_path)
-    layout = layouts.FilesLayout(spec, rank=0)
-    layout.prepare()
-    items = all_items(spec)
-    for item in items:
-        layout.write(0, item, rendered(spec, item), 0.1)
+    layout, items = written(tmp_path)
     # A machine that crashed before the chunk ended: files renamed into place, their data lost or cut short.
     layout.image_path(items[0]).write_bytes(b"")
     whole = layout.image_path(items[1]).read_bytes()
