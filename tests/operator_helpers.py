@@ -26,6 +26,9 @@ def apply_crd(api: Any, body: dict[str, Any] | None = None) -> dict[str, Any]:
     one there) and served."""
     ext = client.ApiextensionsV1Api(api)
     body = copy.deepcopy(body) if body is not None else yaml.safe_load(CRD_FILE.read_text())
+    # A body read back from the server (another version's, kept by a test) carries its resourceVersion, which a
+    # create refuses (500 "resourceVersion should not be set on objects to be created", CI 2026-12-05).
+    body["metadata"].pop("resourceVersion", None)
     try:
         ext.create_custom_resource_definition(body)
     except client.ApiException as e:

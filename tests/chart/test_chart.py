@@ -398,14 +398,28 @@ def crds(control_plane: Any) -> Iterator[None]:
         # --force-conflicts: the cluster tests may have created the CRD with the API client first
         # (another field manager), as an upgrade from a hand-applied CRD would be.
         kubectl(control_plane, "apply", "--server-side", "--force-conflicts", "-f", str(path))
-    kubectl(
-        control_plane,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        name,
-        "crd/clusterkopfpeerings.kopf.dev",
-        "crd/kopfpeerings.kopf.dev",
+    # Polled, not `kubectl wait --for=condition=Established`: that fails at once ("status.conditions accessor
+    # error: <nil>") when it reads a CRD the API server has not given conditions yet (CI, 2026-12-05).
+    established = "{range .items[*]}{.status.conditions[?(@.type=='Established')].status} {end}"
+    wait_for(
+        lambda: subprocess.run(
+            [
+                str(control_plane.bin_dir / "kubectl"),
+                "--kubeconfig",
+                str(control_plane.kubeconfig),
+                "get",
+                name,
+                "crd/clusterkopfpeerings.kopf.dev",
+                "crd/kopfpeerings.kopf.dev",
+                "-o",
+                f"jsonpath={established}",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        == ["True"] * 3,
+        timeout=30,
+        message="the chart's CRDs to be Established",
     )
     # Established can come before discovery serves the resource.
     wait_for(
