@@ -333,29 +333,22 @@ def run_local(args: argparse.Namespace) -> int:
                                    getattr(args, "inputs_dir", None), staging=tmp)
             runtime = resolve_auto(runtime, getattr(args, "gpu_memory", None), getattr(args, "interconnect", None),
                                    args.model)
+            check_inputs(runtime)
         except ValidationProblem as e:
-            return _refused(e)
-        # The ranks' imports (~5 s) begin now, in a zygote (world/zygote.py) beside the checks and the agents' start,
-        # not 0.2 s later in the launch entry point's (which, given this one, starts none).
+            for problem in e.problems:
+                print(problem, file=sys.stderr)
+            return 1
+        # The ranks' imports (~5 s) begin now, in a zygote (world/zygote.py) beside the agents' start, not 0.2 s
+        # later in the launch entry point's (which, given this one, starts none).
         warm = zygote.warm_start(runtime, dict(os.environ))
         try:
-            return _run_checked(runtime, job.total_images, tmp, warm[2] if warm is not None else {})
+            return _run_agents(runtime, job.total_images, tmp, warm[2] if warm is not None else {})
         finally:
             if warm is not None:
                 zygote.stop(warm[0], warm[1])
 
 
-def _refused(e: ValidationProblem) -> int:
-    for problem in e.problems:
-        print(problem, file=sys.stderr)
-    return 1
-
-
-def _run_checked(runtime: RuntimeSpec, total_images: int | None, tmp: Path, warm_env: dict[str, str]) -> int:
-    try:
-        check_inputs(runtime)
-    except ValidationProblem as e:
-        return _refused(e)
+def _run_agents(runtime: RuntimeSpec, total_images: int | None, tmp: Path, warm_env: dict[str, str]) -> int:
     Path(runtime.output_dir).mkdir(parents=True, exist_ok=True)
     termination = tmp / "termination-log"
     procs, dirs = _start_agents(runtime, tmp, termination, warm_env)
