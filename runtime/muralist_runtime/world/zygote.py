@@ -206,11 +206,15 @@ def serve(path: str, warm: bool = True, modules: list[str] | None = None) -> Non
     listener.bind(path)
     listener.listen(64)
     if warm:
+        # The imports make ~0.57 M objects that live as long as the process: a collector running meanwhile only
+        # walks them, again and again (preloading took 4.1 s instead of 5.0 s without it, measured).
+        gc.disable()
         preload(modules or [])
         # What the imports made, out of the collector's sight: a rank's first collections would otherwise walk
         # (and so copy, page by page) the zygote's objects; measured, a compiled job's rank loaded its
         # pipeline in 0.45 s instead of 0.15 s.
         gc.freeze()
+        gc.enable()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

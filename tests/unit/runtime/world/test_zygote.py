@@ -102,19 +102,24 @@ def test_a_rank_that_comes_while_the_zygote_imports_waits_and_is_served(tmp_path
     """The pod's zygote listens before it imports: a rank that connects meanwhile waits in the backlog."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     path, importing = str(tmp_path / "s"), tmp_path / "importing"
-    code = ("import pathlib, sys, time; from muralist_runtime.world import zygote; "
-            "zygote.preload = lambda modules: (pathlib.Path(sys.argv[2]).touch(), time.sleep(2)); "
+    code = ("import gc, pathlib, sys, time; from muralist_runtime.world import zygote; "
+            "zygote.preload = lambda modules: (pathlib.Path(sys.argv[2]).write_text(str(gc.isenabled())), "
+            "time.sleep(2)); "
             "zygote.serve(sys.argv[1])")
     server = subprocess.Popen([sys.executable, "-c", code, path, str(importing)], cwd=REPO, env=env,
                               stdout=subprocess.DEVNULL)
     try:
-        wait_for(importing.exists, timeout=20, interval=0.02, message="the zygote's imports to start")
+        wait_for(lambda: importing.exists() and importing.read_text(), timeout=20, interval=0.02,
+                 message="the zygote's imports to start")
         assert os.path.exists(path), "listening already"
+        # The collector waits while the imports make what lives as long as the zygote (it would only walk it).
+        assert importing.read_text() == "False"
         proc = rank({**env, zygote.ZYGOTE_ENV: path}, "exit", "5")
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 5 and "ordinary" not in out, err
         # What the imports made is frozen: the rank's collections do not walk (and copy) the zygote's objects.
-        assert int(out.split("frozen ")[1]) > 0, out
+        assert int(out.split("frozen ")[1].split()[0]) > 0, out
+        assert "collecting True" in out, "the rank collects its own garbage"
     finally:
         server.terminate()
         server.wait(timeout=10)
