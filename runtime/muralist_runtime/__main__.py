@@ -9,7 +9,13 @@ if os.environ.get("MURALIST_ZYGOTE"):  # world/zygote.py's ZYGOTE_ENV: fork this
 
     delegate()  # returns only when the zygote declines: then this process is the rank
 
-from .main import main
+from .world.zygote import QUIET_LIBRARIES, preload_unwatched
+
+for name, value in QUIET_LIBRARIES.items():
+    os.environ.setdefault(name, value)  # read by the libraries as they are imported
+preload_unwatched([])  # what a zygote would have imported for this rank, as quickly
+
+from .main import main  # noqa: E402  (the libraries first, the collector paused)
 
 code = main()
 # The run is over: its files, termination message and final progress post are written and its

@@ -4,6 +4,7 @@ watches, and a rank whose import-time environment differs starts the ordinary wa
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -123,3 +124,17 @@ def test_a_rank_that_comes_while_the_zygote_imports_waits_and_is_served(tmp_path
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_preloading_pauses_the_collector_and_freezes_what_it_made() -> None:
+    """The imports' objects live as long as the process: no collection walks them while they are made, and
+    none after (a rank started the ordinary way preloads so too: muralist_runtime/__main__.py)."""
+    code = ("import gc, json; from muralist_runtime.world import zygote; collections = []; "
+            "gc.callbacks.append(lambda phase, info: phase == 'start' and collections.append(info)); "
+            "zygote.preload = lambda modules: [object() for _ in range(100)] + [[] for _ in range(5000)]; "
+            "frozen = gc.get_freeze_count(); zygote.preload_unwatched([]); "
+            "print(json.dumps([len(collections), gc.get_freeze_count() - frozen, gc.isenabled()]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    collections, frozen, collecting = json.loads(out.stdout)
+    assert collections == 0 and collecting, out
+    assert frozen > 0, "what the imports made is out of the collector's sight"
