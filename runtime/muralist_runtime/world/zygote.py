@@ -1,8 +1,9 @@
 """Ranks forked from a warm interpreter (the zygote), so that a pod pays torch's imports once, and early.
 
-A rank's process spends ~5 s (7.7 s of CPU under a test run's load) importing torch, diffusers and transformers
-before it reads its spec, and under `muralist run` or in a pod it only starts after the launch entry point, the
-launcher agent and torchrun's rendezvous (~2 s more, the agent importing torch meanwhile). So the launch entry
+A rank's process spends ~4 s (5 s with the cyclic collector running: `collector_paused`) importing torch,
+diffusers and transformers before it reads its spec, and under `muralist run` or in a pod it only starts after
+the launch entry point, the launcher agent and torchrun's rendezvous (~2 s more, the agent importing torch
+meanwhile). So the launch entry
 point of a CPU pod starts a zygote first thing (`start`: `python -m muralist_runtime.world.zygote SOCKET
 MODULE...`), which listens at once, imports those libraries and the runtime's modules beside the agent, and
 serves. A rank started with MURALIST_ZYGOTE in its environment (`__main__.py` asks `delegate()` first; it
