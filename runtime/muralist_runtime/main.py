@@ -59,7 +59,7 @@ from .report.termination import termination_log_path, write_termination
 from .run_state import RunPlan, RunState
 from .work import store
 from .work.chunks import NothingLeft
-from .world import distributed, drain
+from .world import distributed, drain, zygote
 
 log = logging.getLogger("muralist")
 
@@ -96,8 +96,8 @@ def peak_memory_mib() -> float:
 def _quiet_libraries() -> None:
     # Pods log one line per image; library warnings (experimental APIs, optional torchvision)
     # and per-component loading bars would drown them. Set before the libraries are imported.
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    for name, value in zygote.QUIET_LIBRARIES.items():
+        os.environ.setdefault(name, value)
     import diffusers
     import transformers
 

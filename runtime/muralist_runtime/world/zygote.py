@@ -315,8 +315,8 @@ def start(env: dict[str, str], modules: tuple[str, ...] = ("muralist_runtime.mai
     return _spawn(env, list(modules), subprocess.DEVNULL)
 
 
-# What the ranks set before their imports (main._quiet_libraries), set for them when a zygote imports for them:
-# its imports must see what theirs would have.
+# What the ranks set before their imports (main._quiet_libraries; __main__ for a rank the zygote did not serve), set
+# for them when a zygote imports for them: its imports must see what theirs would have.
 QUIET_LIBRARIES = {"TRANSFORMERS_VERBOSITY": "error", "DIFFUSERS_VERBOSITY": "error"}
 # What a compiled job's ranks import to load a precompiled function (model/precompiled.py): its inductor code's
 # imports, 0.9 s of a rank's 1.3 s load measured, paid once by the zygote instead.
